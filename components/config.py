@@ -1,0 +1,521 @@
+"""The lab's typed configuration: a pydantic v2 model of the `labs-k8s:` config namespace.
+
+Validation happens in two passes, both before any Pulumi resource is registered:
+1. pydantic checks types and shapes (an address that is not an address, a missing key);
+2. `domain_problems` checks the lab as a whole (IP plan, quorum, sizes, versions) and
+   returns every problem at once, so a user fixes a config in one round trip.
+
+Every message names the config key as the user writes it (`labs-k8s:nodes.workers[0].ip`)
+and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import (
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+)
+from pydantic.alias_generators import to_camel
+
+NAMESPACE = "labs-k8s"
+
+# Top-level keys of the `labs-k8s:` namespace, in the order a user reads Pulumi.labs.yaml.
+TOP_LEVEL_KEYS = (
+    "vsphere",
+    "network",
+    "template",
+    "nodes",
+    "loadBalancer",
+    "kubernetes",
+    "ssh",
+    "antiAffinity",
+    "mirrors",
+    "preflight",
+)
+
+# Minors this program knows how to install: the kubeadm API version and the containerd
+# major depend on it (v1beta3 up to 1.30, v1beta4 from 1.31; containerd 2.x after 1.35).
+SUPPORTED_K8S_MINORS = range(30, 38)
+KUBEADM_V1BETA4_FROM_MINOR = 31
+
+# DNS label: RFC 1123, what Kubernetes accepts as a node name component.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_K8S_VERSION = re.compile(r"^1\.(\d+)\.(\d+)$")
+_SSH_KEY_TYPES = (
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+
+
+class _Model(BaseModel):
+    """Config keys are camelCase in YAML (Pulumi's convention), snake_case in Python."""
+
+    model_config = ConfigDict(
+        alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class Role(str, Enum):
+    BALANCER = "balancer"
+    CONTROL_PLANE = "control-plane"
+    WORKER = "worker"
+
+
+class VsphereConfig(_Model):
+    """Where the lab lives in vCenter. Credentials are the provider's own (`vsphere:*` or VSPHERE_*)."""
+
+    datacenter: str = Field(min_length=1)
+    compute_cluster: str = Field(min_length=1)
+    datastore: str = Field(min_length=1)
+    network: str = Field(min_length=1)
+    folder: str = Field(min_length=1)
+    resource_pool: str | None = None
+
+
+class NetworkConfig(_Model):
+    cidr: ipaddress.IPv4Network
+    gateway: ipaddress.IPv4Address
+    dns_servers: list[ipaddress.IPv4Address] = Field(min_length=1)
+    search_domain: str | None = None
+    ntp_servers: list[str] = Field(default_factory=lambda: ["0.debian.pool.ntp.org", "1.debian.pool.ntp.org"])
+
+
+class TemplateConfig(_Model):
+    """The golden Debian 12 template: built once, reused by every clone."""
+
+    name: str = "labs-k8s-debian12"
+    iso_url: str = Field(min_length=1)
+    iso_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # None: the installer takes an address by DHCP; otherwise a static build address on the node network.
+    build_ip: ipaddress.IPv4Address | None = None
+    disk_gib: int = 20
+    vcpu: int = 2
+    memory_mib: int = 2048
+    firmware: Literal["bios", "efi"] = "bios"
+    build_timeout_minutes: int = 60
+    retain_on_destroy: bool = False
+
+
+class NodeConfig(_Model):
+    name: str
+    ip: ipaddress.IPv4Address
+
+
+class RoleConfig(_Model):
+    vcpu: int
+    memory_mib: int
+    # Extra eager-zeroed disk: etcd on control planes, /var/lib/containerd on workers.
+    # 0 means none. The OS disk is never grown beyond the template (provider #2123).
+    data_disk_gib: int = 0
+    hosts: list[NodeConfig]
+
+
+class NodesConfig(_Model):
+    balancers: RoleConfig
+    control_planes: RoleConfig
+    workers: RoleConfig
+
+
+class LoadBalancerConfig(_Model):
+    vip: ipaddress.IPv4Address
+    vrrp_router_id: int = 51
+    # VMXNET3's predictable name on Debian 12 (seed 000); check `ip a` on a clone if yours differs.
+    interface: str = "ens192"
+    # VRRP advertisement interval; failover takes about 3 x advert_int.
+    advert_int_seconds: int = 1
+    # Explicit non-HA opt-in: one balancer, no Keepalived peer.
+    allow_single_balancer: bool = False
+
+
+class KubernetesConfig(_Model):
+    version: str = "1.36.0"
+    pod_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("10.244.0.0/16")
+    service_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("10.96.0.0/12")
+    cluster_name: str = "labs-k8s"
+    # Explicit non-HA opt-in: exactly one control plane.
+    allow_single_control_plane: bool = False
+
+    @property
+    def minor(self) -> int:
+        match = _K8S_VERSION.match(self.version)
+        if match is None:
+            raise ValueError(f"not a Kubernetes version: {self.version!r}")
+        return int(match.group(1))
+
+    @property
+    def minor_version(self) -> str:
+        return f"1.{self.minor}"
+
+    @property
+    def kubeadm_api_version(self) -> str:
+        return "kubeadm.k8s.io/v1beta4" if self.minor >= KUBEADM_V1BETA4_FROM_MINOR else "kubeadm.k8s.io/v1beta3"
+
+
+class SshConfig(_Model):
+    user: str = "labs"
+    public_key: str
+
+
+Policy = Literal["mandatory", "preferred", "off"]
+
+
+class AntiAffinityConfig(_Model):
+    """DRS anti-affinity per role. `mandatory` is a hard rule; `preferred` a soft one; `off` none."""
+
+    control_planes: Policy = "mandatory"
+    balancers: Policy = "mandatory"
+    workers: Policy = "preferred"
+
+    def for_role(self, role: Role) -> Policy:
+        return {
+            Role.BALANCER: self.balancers,
+            Role.CONTROL_PLANE: self.control_planes,
+            Role.WORKER: self.workers,
+        }[role]
+
+
+class MirrorsConfig(_Model):
+    """For labs without direct internet access."""
+
+    apt_proxy: str | None = None
+    registry_mirror: str | None = None
+
+
+class PreflightConfig(_Model):
+    enabled: bool = True
+    # A DRS rule on a cluster without DRS does nothing: fail by default, or only warn.
+    drs_disabled: Literal["fail", "warn"] = "fail"
+    datastore_margin_gib: int = 20
+
+
+@dataclass(frozen=True)
+class Node:
+    """One VM of the lab with its role and sizing, flattened for the components."""
+
+    name: str
+    ip: ipaddress.IPv4Address
+    role: Role
+    vcpu: int
+    memory_mib: int
+    data_disk_gib: int
+
+
+class LabConfig(_Model):
+    vsphere: VsphereConfig
+    network: NetworkConfig
+    template: TemplateConfig
+    nodes: NodesConfig
+    load_balancer: LoadBalancerConfig
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    ssh: SshConfig
+    anti_affinity: AntiAffinityConfig = AntiAffinityConfig()
+    mirrors: MirrorsConfig = MirrorsConfig()
+    preflight: PreflightConfig = PreflightConfig()
+
+    def role_config(self, role: Role) -> RoleConfig:
+        return {
+            Role.BALANCER: self.nodes.balancers,
+            Role.CONTROL_PLANE: self.nodes.control_planes,
+            Role.WORKER: self.nodes.workers,
+        }[role]
+
+    def nodes_of(self, role: Role) -> list[Node]:
+        group = self.role_config(role)
+        return [
+            Node(h.name, h.ip, role, group.vcpu, group.memory_mib, group.data_disk_gib) for h in group.hosts
+        ]
+
+    @property
+    def balancers(self) -> list[Node]:
+        return self.nodes_of(Role.BALANCER)
+
+    @property
+    def control_planes(self) -> list[Node]:
+        return self.nodes_of(Role.CONTROL_PLANE)
+
+    @property
+    def workers(self) -> list[Node]:
+        return self.nodes_of(Role.WORKER)
+
+    @property
+    def all_nodes(self) -> list[Node]:
+        return self.balancers + self.control_planes + self.workers
+
+    @property
+    def kubernetes_nodes(self) -> list[Node]:
+        return self.control_planes + self.workers
+
+    @property
+    def prefix_length(self) -> int:
+        return self.network.cidr.prefixlen
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{NAMESPACE}:{self.key}: {self.message}"
+
+
+class LabConfigError(ValueError):
+    """Every problem found in one config, each naming its key and the fix."""
+
+    def __init__(self, problems: list[ConfigProblem]):
+        self.problems = problems
+        lines = [f"the {NAMESPACE} config has {len(problems)} problem(s); nothing was created:"]
+        lines += [f"  - {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+def _key_from_loc(loc: Iterable[int | str]) -> str:
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        else:
+            key += f".{part}" if key else str(part)
+    return key
+
+
+_PYDANTIC_HINTS = {
+    "missing": "this key is required; add it to Pulumi.<stack>.yaml (see Pulumi.labs.yaml for an example)",
+    "extra_forbidden": "unknown key; check its spelling against Pulumi.labs.yaml (keys are camelCase)",
+    "ip_v4_address": "write a dotted IPv4 address such as 10.3.60.51",
+    "ip_v4_network": "write an IPv4 network in CIDR form with no host bits, such as 10.3.60.0/24",
+}
+
+
+def _pydantic_problems(error: ValidationError) -> list[ConfigProblem]:
+    problems = []
+    for err in error.errors():
+        hint = _PYDANTIC_HINTS.get(err["type"], "")
+        got = f" (got {err['input']!r})" if err["type"] not in ("missing",) and "input" in err else ""
+        text = err["msg"] + got + (f": {hint}" if hint else "")
+        problems.append(ConfigProblem(_key_from_loc(err["loc"]), text))
+    return problems
+
+
+# --------------------------------------------------------------------------- domain checks
+
+_ROLE_KEYS = {
+    Role.BALANCER: "nodes.balancers",
+    Role.CONTROL_PLANE: "nodes.controlPlanes",
+    Role.WORKER: "nodes.workers",
+}
+
+# Seed 000 sizing: control plane >= 2 vCPU / 4 GiB, workers 2-4 vCPU / 4-8 GiB, balancers 1-2 vCPU / 1-2 GiB.
+MINIMUM_SIZES = {
+    Role.BALANCER: (1, 1024),
+    Role.CONTROL_PLANE: (2, 4096),
+    Role.WORKER: (2, 4096),
+}
+# etcd wants its own disk (fsync under 50 ms, seed 000); keep it big enough for a few snapshots.
+MINIMUM_DATA_DISK_GIB = {Role.BALANCER: 0, Role.CONTROL_PLANE: 10, Role.WORKER: 20}
+MINIMUM_TEMPLATE_DISK_GIB = 16
+
+
+def _ssh_key_problem(public_key: str) -> str | None:
+    parts = public_key.strip().split()
+    if len(parts) < 2 or parts[0] not in _SSH_KEY_TYPES:
+        return (
+            "not an OpenSSH public key; paste one line such as `ssh-ed25519 AAAA... you@host` "
+            "(the contents of ~/.ssh/id_ed25519.pub, never the private key)"
+        )
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except ValueError:
+        return "the key's base64 body is damaged; copy the whole line from the .pub file again"
+    # The blob starts with the length-prefixed key type: a cheap integrity check.
+    if len(blob) < 4 or blob[4 : 4 + int.from_bytes(blob[:4], "big")].decode(errors="replace") != parts[0]:
+        return f"the key body does not match its type {parts[0]}; copy the whole line from the .pub file again"
+    return None
+
+
+def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
+    """Whole-lab checks pydantic cannot express. Returns every problem found."""
+    problems: list[ConfigProblem] = []
+    add = problems.append
+    net = cfg.network.cidr
+
+    # Hostnames: DNS labels, unique.
+    seen_names: dict[str, str] = {}
+    seen_ips: dict[ipaddress.IPv4Address, str] = {}
+    for role, role_key in _ROLE_KEYS.items():
+        group = cfg.role_config(role)
+        for index, host in enumerate(group.hosts):
+            key = f"{role_key}.hosts[{index}]"
+            if not _DNS_LABEL.match(host.name):
+                add(
+                    ConfigProblem(
+                        f"{key}.name",
+                        f"{host.name!r} is not a valid hostname: use 1-63 lowercase letters, digits and "
+                        "hyphens, starting and ending with a letter or digit (e.g. labs-k8s-w03)",
+                    )
+                )
+            if host.name in seen_names:
+                add(ConfigProblem(f"{key}.name", f"{host.name!r} is already used by {seen_names[host.name]}; "
+                                  "give every VM its own name"))
+            else:
+                seen_names[host.name] = f"{NAMESPACE}:{key}.name"
+            if host.ip in seen_ips:
+                add(ConfigProblem(f"{key}.ip", f"{host.ip} is already used by {seen_ips[host.ip]}; "
+                                  "give every VM its own address"))
+            else:
+                seen_ips[host.ip] = f"{NAMESPACE}:{key}.ip"
+            if host.ip not in net:
+                add(ConfigProblem(f"{key}.ip", f"{host.ip} is outside network.cidr {net}; "
+                                  "pick an address inside it or widen network.cidr"))
+            elif host.ip in (net.network_address, net.broadcast_address):
+                add(ConfigProblem(f"{key}.ip", f"{host.ip} is the network or broadcast address of {net}; "
+                                  "pick a usable host address"))
+            if host.ip == cfg.network.gateway:
+                add(ConfigProblem(f"{key}.ip", f"{host.ip} is the gateway; pick another address"))
+
+        vcpu_min, mem_min = MINIMUM_SIZES[role]
+        if group.vcpu < vcpu_min:
+            add(ConfigProblem(f"{role_key}.vcpu", f"{group.vcpu} vCPU is below the minimum of {vcpu_min} for "
+                              f"this role (seed sizing); set at least {vcpu_min}"))
+        if group.memory_mib < mem_min:
+            add(ConfigProblem(f"{role_key}.memoryMib", f"{group.memory_mib} MiB is below the minimum of {mem_min} "
+                              f"MiB for this role (seed sizing); set at least {mem_min}"))
+        disk_min = MINIMUM_DATA_DISK_GIB[role]
+        if group.data_disk_gib < disk_min:
+            add(ConfigProblem(f"{role_key}.dataDiskGib", f"{group.data_disk_gib} GiB is below the minimum of "
+                              f"{disk_min} GiB for this role's data disk; set at least {disk_min}"))
+
+    # Gateway and VIP.
+    if cfg.network.gateway not in net:
+        add(ConfigProblem("network.gateway", f"{cfg.network.gateway} is outside network.cidr {net}; "
+                          "the gateway must be on the node network"))
+    vip = cfg.load_balancer.vip
+    if vip not in net:
+        add(ConfigProblem("loadBalancer.vip", f"{vip} is outside network.cidr {net}; VRRP moves the VIP "
+                          "within one L2 segment, so pick a free address inside the node network"))
+    if vip == cfg.network.gateway:
+        add(ConfigProblem("loadBalancer.vip", f"{vip} is the gateway; pick a free address for the VIP"))
+    if vip in seen_ips:
+        add(ConfigProblem("loadBalancer.vip", f"{vip} is already the address of {seen_ips[vip]}; "
+                          "the VIP must be an address no VM owns"))
+    if not 1 <= cfg.load_balancer.vrrp_router_id <= 255:
+        add(ConfigProblem("loadBalancer.vrrpRouterId", f"{cfg.load_balancer.vrrp_router_id} is out of range; "
+                          "use 1-255, unique on the L2 segment"))
+    if not 1 <= cfg.load_balancer.advert_int_seconds <= 10:
+        add(ConfigProblem("loadBalancer.advertIntSeconds", "use 1-10 seconds"))
+    if cfg.template.build_ip is not None:
+        build_ip = cfg.template.build_ip
+        if build_ip not in net:
+            add(ConfigProblem("template.buildIp", f"{build_ip} is outside network.cidr {net}; "
+                              "pick a free address on the node network, or remove the key to use DHCP"))
+        if build_ip in seen_ips or build_ip in (vip, cfg.network.gateway):
+            add(ConfigProblem("template.buildIp", f"{build_ip} is already in use in this lab; pick a free address"))
+
+    # Quorum and redundancy.
+    cp_count = len(cfg.nodes.control_planes.hosts)
+    if cp_count == 0:
+        add(ConfigProblem("nodes.controlPlanes.hosts", "no control planes; list 3 (or 5) for an HA etcd quorum"))
+    elif cp_count == 1 and not cfg.kubernetes.allow_single_control_plane:
+        add(ConfigProblem("nodes.controlPlanes.hosts", "1 control plane is not HA; list 3, or set "
+                          "labs-k8s:kubernetes.allowSingleControlPlane: true for a non-HA lab"))
+    elif cp_count > 1 and cp_count % 2 == 0:
+        add(ConfigProblem("nodes.controlPlanes.hosts", f"{cp_count} control planes: etcd needs an odd number "
+                          f"for quorum ({cp_count} tolerates no more failures than {cp_count - 1}); "
+                          f"list {cp_count - 1} or {cp_count + 1}"))
+    lb_count = len(cfg.nodes.balancers.hosts)
+    if lb_count == 1 and not cfg.load_balancer.allow_single_balancer:
+        add(ConfigProblem("nodes.balancers.hosts", "1 balancer is a single point of failure; list 2, or set "
+                          "labs-k8s:loadBalancer.allowSingleBalancer: true for a lab without a Keepalived peer"))
+    elif lb_count != 1 and lb_count != 2:
+        add(ConfigProblem("nodes.balancers.hosts", f"{lb_count} balancers: the Keepalived pair is exactly 2 "
+                          "(MASTER and BACKUP); list 2"))
+
+    # Address plan: nodes, pods and services must not overlap (routing would be ambiguous).
+    cidrs = {
+        "network.cidr": net,
+        "kubernetes.podCidr": cfg.kubernetes.pod_cidr,
+        "kubernetes.serviceCidr": cfg.kubernetes.service_cidr,
+    }
+    names = list(cidrs)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if cidrs[a].overlaps(cidrs[b]):
+                add(ConfigProblem(b, f"{cidrs[b]} overlaps {a} {cidrs[a]}; node, pod and service ranges "
+                                  "must be disjoint: pick another range"))
+    if cfg.kubernetes.pod_cidr.prefixlen > 22:
+        add(ConfigProblem("kubernetes.podCidr", f"/{cfg.kubernetes.pod_cidr.prefixlen} is too small: Flannel "
+                          "gives each node a /24, so use /16 to /22"))
+
+    # Kubernetes version.
+    match = _K8S_VERSION.match(cfg.kubernetes.version)
+    supported = f"1.{SUPPORTED_K8S_MINORS.start}-1.{SUPPORTED_K8S_MINORS.stop - 1}"
+    if match is None:
+        add(ConfigProblem("kubernetes.version", f"{cfg.kubernetes.version!r} is not a Kubernetes version; "
+                          f"write MAJOR.MINOR.PATCH such as 1.36.0 (supported minors: {supported})"))
+    elif int(match.group(1)) not in SUPPORTED_K8S_MINORS:
+        add(ConfigProblem("kubernetes.version", f"{cfg.kubernetes.version} is not supported; "
+                          f"use a release of minors {supported}"))
+
+    # SSH.
+    ssh_problem = _ssh_key_problem(cfg.ssh.public_key)
+    if ssh_problem:
+        add(ConfigProblem("ssh.publicKey", ssh_problem))
+    if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", cfg.ssh.user) or cfg.ssh.user == "root":
+        add(ConfigProblem("ssh.user", f"{cfg.ssh.user!r}: use a lowercase Linux user name other than root"))
+
+    # Template.
+    if cfg.template.disk_gib < MINIMUM_TEMPLATE_DISK_GIB:
+        add(ConfigProblem("template.diskGib", f"{cfg.template.disk_gib} GiB is too small for Debian 12 with "
+                          f"containerd images; use at least {MINIMUM_TEMPLATE_DISK_GIB}"))
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,60}$", cfg.template.name):
+        add(ConfigProblem("template.name", "use letters, digits, dot, dash and underscore only"))
+    if not cfg.template.iso_url.startswith(("https://", "http://")):
+        add(ConfigProblem("template.isoUrl", "use an http(s) URL of the Debian 12 netinst ISO"))
+
+    for key, url in (("mirrors.aptProxy", cfg.mirrors.apt_proxy), ("mirrors.registryMirror",
+                                                                     cfg.mirrors.registry_mirror)):
+        if url is not None and not re.match(r"^https?://[^\s/]+", url):
+            add(ConfigProblem(key, f"{url!r} is not a URL; write http://host:port"))
+    return problems
+
+
+def load_lab_config(raw: Mapping[str, Any]) -> LabConfig:
+    """Validate the `labs-k8s:` namespace (a mapping of top-level key to structured value).
+
+    Raises LabConfigError listing every problem; returns the frozen model otherwise.
+    """
+    unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
+    problems = [
+        ConfigProblem(k, f"unknown key; the {NAMESPACE} namespace has: {', '.join(TOP_LEVEL_KEYS)}")
+        for k in unknown
+    ]
+    try:
+        cfg = LabConfig.model_validate({k: v for k, v in raw.items() if k in TOP_LEVEL_KEYS})
+    except ValidationError as error:
+        raise LabConfigError(problems + _pydantic_problems(error)) from None
+    problems += domain_problems(cfg)
+    if problems:
+        raise LabConfigError(problems)
+    return cfg

@@ -1,0 +1,79 @@
+"""Pure rendering: validated config in, text out. No Pulumi and no network in here.
+
+Config files and scripts are real files under `cloudinit/` (Jinja2 templates where they
+vary, plain files where they do not), so they can be read, linted and tested as what they are.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+import jinja2
+
+CLOUDINIT_DIR = Path(__file__).resolve().parents[2] / "cloudinit"
+
+# StrictUndefined: a template that names a missing value fails loudly instead of rendering "".
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(CLOUDINIT_DIR)),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    autoescape=False,
+)
+
+
+def render_template(relative_path: str, **context: object) -> str:
+    """Render `cloudinit/<relative_path>` (a Jinja2 template) with the given context."""
+    return _ENV.get_template(relative_path).render(**context)
+
+
+def read_file(relative_path: str) -> str:
+    """A file under `cloudinit/` that needs no templating (most scripts)."""
+    return (CLOUDINIT_DIR / relative_path).read_text()
+
+
+def content_hash(*parts: str) -> str:
+    """A short, stable hash of rendered text: used as a re-run trigger and in template names."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]
+
+
+STEP_ROOT = "/var/lib/labs-k8s/steps"
+
+
+def step_bundle(step: str, files: Mapping[str, str], entrypoint: str, args: tuple[str, ...] = ()) -> str:
+    """One self-contained bash script that a remote command feeds to `sudo bash -s` on stdin.
+
+    It writes `files` (name -> text) into a root-only step directory, then runs `entrypoint`
+    (one of the files) from there. Sending the bundle on stdin keeps the command line, and so
+    `ps` and the provider's logs, free of file contents and secrets.
+    """
+    if entrypoint not in files:
+        raise ValueError(f"entrypoint {entrypoint!r} is not among the bundle's files {sorted(files)}")
+    step_dir = f"{STEP_ROOT}/{step}"
+    lines = [
+        "#!/usr/bin/env bash",
+        "set -euo pipefail",
+        "umask 077",
+        f"install -d -m 0700 {shlex.quote(step_dir)}",
+    ]
+    for name, text in sorted(files.items()):
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"bundle file names are flat: {name!r}")
+        encoded = base64.b64encode(text.encode()).decode()
+        target = shlex.quote(f"{step_dir}/{name}")
+        lines.append(f"base64 -d > {target} <<'LABS_K8S_EOF'")
+        lines += [encoded[i : i + 76] for i in range(0, len(encoded), 76)]
+        lines.append("LABS_K8S_EOF")
+    quoted_args = " ".join(shlex.quote(a) for a in args)
+    lines.append(f"cd {shlex.quote(step_dir)}")
+    lines.append(f"exec bash ./{shlex.quote(entrypoint)} {quoted_args}".rstrip())
+    return "\n".join(lines) + "\n"

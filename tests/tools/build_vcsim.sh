@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Build govmomi's vCenter simulator (vcsim) from Debian bookworm packages only
+# and print the path of the binary on stdout (progress goes to stderr).
+#
+# Why from Debian packages: the machines of this project reach the Debian
+# archive and PyPI only; there is no Go module proxy for third-party code and
+# no prebuilt vcsim download. Bookworm ships the govmomi 0.24.2 library sources
+# (golang-github-vmware-govmomi-dev) but not vcsim/main.go, which lives in the
+# source package's orig tarball, so we fetch that with `apt-get source`.
+#
+# Idempotent: the binary is cached at $REPO/.cache/vcsim/vcsim (.cache is
+# gitignored); when it is present and runs, nothing is rebuilt.
+# Env: VCSIM_REBUILD=1 forces a rebuild.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CACHE_DIR="$REPO/.cache/vcsim"
+BIN="$CACHE_DIR/vcsim"
+SRC_PKG="golang-github-vmware-govmomi"
+APT_PKGS=(golang-go golang-github-vmware-govmomi-dev dpkg-dev)
+DEB_SRC_FILE="/etc/apt/sources.list.d/labs-k8s-deb-src.sources"
+DEB_SOURCES="/etc/apt/sources.list.d/debian.sources"
+
+log() { printf 'build_vcsim: %s\n' "$*" >&2; }
+
+# A cached binary that still starts is good enough: vcsim prints its usage on
+# -h and exits 2, so only "exec format error"/missing libs would fail here.
+if [[ -x "$BIN" && "${VCSIM_REBUILD:-0}" != "1" ]]; then
+    if "$BIN" -h >/dev/null 2>&1 || [[ $? -eq 2 ]]; then
+        printf '%s\n' "$BIN"
+        exit 0
+    fi
+    log "cached $BIN does not run; rebuilding"
+fi
+
+start_s=$SECONDS
+
+need_install=()
+for pkg in "${APT_PKGS[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+        need_install+=("$pkg")
+    fi
+done
+
+# deb-src entries are needed for `apt-get source`. We never edit the image's
+# own debian.sources: we write a separate file that mirrors its `Types: deb`
+# stanzas as `Types: deb-src` (same URIs, suites, components, keyring).
+have_deb_src() {
+    grep -rqsE '^(Types:.*deb-src|deb-src )' /etc/apt/sources.list /etc/apt/sources.list.d/
+}
+
+if [[ $EUID -eq 0 ]]; then
+    updated=0
+    if ! have_deb_src; then
+        if [[ ! -r "$DEB_SOURCES" ]]; then
+            log "no deb-src entry and no $DEB_SOURCES to mirror; add a deb-src line for bookworm by hand"
+            exit 1
+        fi
+        log "writing $DEB_SRC_FILE (deb-src mirror of $DEB_SOURCES)"
+        # Keep only stanzas whose Types list contains "deb"; rewrite their Types.
+        awk 'BEGIN { RS = ""; ORS = "\n\n"; FS = "\n" }
+             {
+                 out = ""; keep = 0
+                 for (i = 1; i <= NF; i++) {
+                     line = $i
+                     if (line ~ /^Types:/ && (" " substr(line, 7) " ") ~ /[ \t]deb[ \t]/) {
+                         line = "Types: deb-src"; keep = 1
+                     }
+                     out = out (i > 1 ? "\n" : "") line
+                 }
+                 if (keep) print out
+             }' "$DEB_SOURCES" >"$DEB_SRC_FILE.tmp"
+        if ! grep -q '^Types: deb-src' "$DEB_SRC_FILE.tmp"; then
+            rm -f "$DEB_SRC_FILE.tmp"
+            log "found no 'Types: deb' stanza in $DEB_SOURCES to mirror"
+            exit 1
+        fi
+        mv "$DEB_SRC_FILE.tmp" "$DEB_SRC_FILE"
+        apt-get update -qq >&2
+        updated=1
+    fi
+    if [[ ${#need_install[@]} -gt 0 ]]; then
+        [[ $updated -eq 1 ]] || apt-get update -qq >&2
+        log "installing ${need_install[*]}"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${need_install[@]}" >&2
+    fi
+else
+    if [[ ${#need_install[@]} -gt 0 ]] || ! have_deb_src; then
+        log "not root: install ${APT_PKGS[*]} and add a deb-src entry, or run this as root"
+        exit 1
+    fi
+fi
+
+WORK="$(mktemp -d)"
+# apt-get source downloads as the _apt user, which needs to enter the dir.
+chmod 755 "$WORK"
+trap 'rm -rf "$WORK"' EXIT
+
+log "fetching source package $SRC_PKG"
+# apt-get source runs dpkg-source -x, which applies Debian's patches; run it
+# unprivileged-safe in our temp dir and quietly.
+(cd "$WORK" && apt-get source -qq "$SRC_PKG" >&2)
+src_dir="$(find "$WORK" -mindepth 1 -maxdepth 1 -type d -name "${SRC_PKG}-*" | head -n1)"
+if [[ -z "$src_dir" || ! -f "$src_dir/vcsim/main.go" ]]; then
+    log "vcsim/main.go not found in the unpacked $SRC_PKG source"
+    exit 1
+fi
+
+# GOPATH mode: the temp GOPATH holds the unpacked govmomi tree at its import
+# path (so vcsim builds against exactly the source it ships with, internal
+# packages included); /usr/share/gocode supplies govmomi's dependencies from
+# their Debian -dev packages. No module proxy, no network.
+gopath="$WORK/gopath"
+mkdir -p "$gopath/src/github.com/vmware"
+mv "$src_dir" "$gopath/src/github.com/vmware/govmomi"
+mkdir -p "$CACHE_DIR"
+
+log "compiling vcsim (GOPATH mode, offline)"
+(
+    cd "$gopath/src/github.com/vmware/govmomi/vcsim"
+    GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$gopath:/usr/share/gocode" \
+        GOCACHE="$WORK/gocache" CGO_ENABLED=0 \
+        go build -o "$BIN.tmp" .
+)
+mv "$BIN.tmp" "$BIN"
+
+log "built $BIN in $((SECONDS - start_s))s ($(go version))"
+printf '%s\n' "$BIN"
