@@ -1,0 +1,75 @@
+# labs-k8s. The two commands a new machine needs: `make up` and `make test`.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+STACK ?= labs
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# Our lock files hold PyPI hashes: ignore machine-wide pip settings (extra indexes, find-links).
+PIP_ENV := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=
+
+.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim
+
+help:
+	@echo "make up       create the virtualenv, install pinned dependencies, pulumi up --stack $(STACK)"
+	@echo "make test     create the virtualenv, install what the tests need, run the whole suite"
+	@echo "make preview  pulumi preview --stack $(STACK) (what a pull request shows)"
+	@echo "make destroy  pulumi destroy --stack $(STACK)"
+	@echo "make render   offline: plan.json, graph.mmd and every file pushed to a machine, into render/"
+	@echo "make bench    print the benchmarks' figures"
+
+$(VENV)/.runtime: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP_ENV) $(PIP) install -q --require-hashes -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
+	$(PIP_ENV) $(PIP) install -q --require-hashes -r requirements.txt -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.runtime
+venv-dev: $(VENV)/.dev
+
+# The Pulumi CLI and a backend login (`pulumi login`) are prerequisites: see README.
+stack: venv
+	pulumi stack select $(STACK) 2>/dev/null || pulumi stack init $(STACK)
+
+up: stack
+	pulumi up --stack $(STACK)
+
+preview: stack
+	pulumi preview --stack $(STACK) --diff
+
+destroy: stack
+	pulumi destroy --stack $(STACK)
+
+render: venv
+	$(PY) -m components render --stack $(STACK) --out render
+
+system-deps:
+	bash scripts/install-test-deps.sh
+
+vcsim: system-deps
+	bash tests/tools/build_vcsim.sh
+
+test: venv-dev system-deps vcsim
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest
+
+lint: venv-dev
+	$(VENV)/bin/ruff check .
+	shellcheck $$(git ls-files '*.sh')
+
+bench: venv-dev
+	$(PY) bench/render_scaling.py
+	$(PY) bench/lb_failover.py
+
+lock:
+	$(PIP_ENV) $(PIP) install -q pip-tools
+	$(PIP_ENV) $(VENV)/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras \
+	  --no-emit-index-url --no-emit-find-links -o requirements.txt requirements.in
+	$(PIP_ENV) $(VENV)/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras \
+	  --no-emit-index-url --no-emit-find-links -o requirements-dev.txt requirements-dev.in
