@@ -1,0 +1,176 @@
+"""cloud-init instance data of each clone: identity, network and first-boot setup.
+
+Each clone reads it through cloud-init's VMware datasource from guestinfo keys in the VM's
+extraConfig (not through VMware guest customization, which is unreliable on Debian:
+vmware/packer-examples-for-vsphere#815, #848). The documents are templates under
+`cloudinit/node/`; docs/cloud-init.md explains every choice. Targets cloud-init 22.4 (Debian 12).
+
+Pure: config in, text out. No Pulumi and no network in here.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from dataclasses import dataclass
+
+import yaml
+
+from components.config import LabConfig, Node, Role
+from components.rendering import content_hash, read_file, render_template
+
+METADATA_TEMPLATE = "node/metadata.yaml.j2"
+NETWORK_TEMPLATE = "node/network-config.yaml.j2"
+USERDATA_TEMPLATE = "node/user-data.yaml.j2"
+DATA_DISK_CHECK = "node/data-disk-ready.sh"
+
+# The data disk: SCSI unit 1 of the first PVSCSI controller. vSphere puts that controller in
+# PCI slot 160, which Linux sees as 0000:03:00.0 (as slot 192 gives the NIC its name ens192).
+# udev's by-path name depends only on that layout, never on probe order as /dev/sdb does.
+DATA_DISK_BY_PATH = "/dev/disk/by-path/pci-0000:03:00.0-scsi-0:0:1:0"
+DATA_DISK_ALIAS = "labs_data"
+
+
+@dataclass(frozen=True)
+class DataDisk:
+    """Where a role's data disk goes and what depends on it."""
+
+    mount_point: str
+    label: str  # ext4 labels: at most 16 bytes
+    consumer: str  # the unit that must not start before the disk is mounted
+    purpose: str  # argument of data-disk-ready.sh ("etcd": mode 0700, empty)
+
+
+DATA_DISKS: dict[Role, DataDisk] = {
+    Role.CONTROL_PLANE: DataDisk("/var/lib/etcd", "labs-etcd", "kubelet.service", "etcd"),
+    Role.WORKER: DataDisk("/var/lib/containerd", "labs-containerd", "containerd.service", ""),
+}
+
+# open-vm-tools caps one guestinfo value at 64 KiB (GUESTMSG_MAX_IN_SIZE); the RPC reply
+# framing takes a few bytes of it, so keep a margin.
+GUESTINFO_VALUE_LIMIT = 63 * 1024
+
+
+def yaml_scalar(value: object) -> str:
+    """`value` as one YAML scalar that loads back to exactly `value`, quoted only if needed.
+
+    PyYAML decides the quoting. The value is dumped inside a flow sequence, whose rules for
+    plain scalars are the strictest (no `,`, `[`, `]`...), so the result is safe anywhere in
+    a template: a block mapping or a `[a, b]` flow sequence alike.
+    """
+    for style in (None, '"'):  # a string with a line break needs double quotes to stay on one line
+        text = yaml.safe_dump([value], default_flow_style=True, default_style=style, width=float("inf"))
+        if "\n" not in text[:-1]:
+            return text[1:-2]
+    raise ValueError(f"cannot write {value!r} as a one-line YAML scalar")
+
+
+def fqdn(cfg: LabConfig, node: Node) -> str | None:
+    domain = cfg.network.search_domain
+    return f"{node.name}.{domain}" if domain else None
+
+
+def render_network_config(cfg: LabConfig, node: Node) -> str:
+    """Network config version 2 of the node: static address on its VMXNET3 NIC."""
+    domain = cfg.network.search_domain
+    return render_template(
+        NETWORK_TEMPLATE,
+        q=yaml_scalar,
+        interface=cfg.load_balancer.interface,
+        address=f"{node.ip}/{cfg.prefix_length}",
+        gateway=str(cfg.network.gateway),
+        dns_servers=[str(server) for server in cfg.network.dns_servers],
+        search_domains=[domain] if domain else [],
+    )
+
+
+def _inline_script(text: str) -> str:
+    """A script for `bash -c`, without its comment lines (they would only weigh on guestinfo)."""
+    return "\n".join(line for line in text.splitlines() if not line.startswith("#")).strip() + "\n"
+
+
+def _data_disk_context(node: Node) -> dict[str, str] | None:
+    disk = DATA_DISKS.get(node.role)
+    if disk is None or node.data_disk_gib <= 0:
+        return None
+    options = f"defaults,nofail,x-systemd.before={disk.consumer},x-systemd.required-by={disk.consumer}"
+    return {
+        "alias": DATA_DISK_ALIAS,
+        "device": DATA_DISK_BY_PATH,
+        "label": disk.label,
+        "mount_point": disk.mount_point,
+        "mount_options": options,
+        "check": _inline_script(read_file(DATA_DISK_CHECK)),
+        "purpose": disk.purpose,
+    }
+
+
+def render_userdata(cfg: LabConfig, node: Node) -> str:
+    """The node's `#cloud-config`."""
+    return render_template(
+        USERDATA_TEMPLATE,
+        q=yaml_scalar,
+        role=node.role.value,
+        hostname=node.name,
+        fqdn=fqdn(cfg, node),
+        ssh_user=cfg.ssh.user,
+        ssh_public_key=cfg.ssh.public_key.strip(),
+        ntp_servers=list(cfg.network.ntp_servers),
+        apt_proxy=cfg.mirrors.apt_proxy,
+        data_disk=_data_disk_context(node),
+    )
+
+
+def instance_id(cfg: LabConfig, node: Node) -> str:
+    """Stable for the same content; new when this node's user-data or network config changes."""
+    return f"{node.name}-{content_hash(render_userdata(cfg, node), render_network_config(cfg, node))}"
+
+
+def render_metadata(cfg: LabConfig, node: Node) -> str:
+    """The VMware datasource metadata: instance-id, local-hostname and the network config."""
+    return render_template(
+        METADATA_TEMPLATE,
+        q=yaml_scalar,
+        instance_id=instance_id(cfg, node),
+        hostname=node.name,
+        network_config=render_network_config(cfg, node),
+    )
+
+
+def encode_guestinfo(text: str, limit: int = GUESTINFO_VALUE_LIMIT) -> tuple[str, str]:
+    """(value, encoding) for one guestinfo key: base64, or gzip+base64 when base64 is too big.
+
+    gzip's header timestamp is zeroed so the same text always gives the same value (no diff
+    in `pulumi preview`). Raises ValueError when even the compressed value exceeds `limit`.
+    """
+    raw = text.encode()
+    value = base64.b64encode(raw).decode()
+    if len(value) <= limit:
+        return value, "base64"
+    value = base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode()
+    if len(value) <= limit:
+        return value, "gzip+base64"
+    raise ValueError(
+        f"{len(raw)} bytes of cloud-init data give a {len(value)}-byte guestinfo value even gzipped; "
+        f"guestinfo values are limited to {limit} bytes: move content out of the cloud-config"
+    )
+
+
+def guestinfo_extra_config(cfg: LabConfig, node: Node) -> dict[str, str]:
+    """The VM's extraConfig keys that the VMware datasource reads."""
+    metadata, metadata_encoding = encode_guestinfo(render_metadata(cfg, node))
+    userdata, userdata_encoding = encode_guestinfo(render_userdata(cfg, node))
+    return {
+        "guestinfo.metadata": metadata,
+        "guestinfo.metadata.encoding": metadata_encoding,
+        "guestinfo.userdata": userdata,
+        "guestinfo.userdata.encoding": userdata_encoding,
+    }
+
+
+def node_files(cfg: LabConfig, node: Node) -> dict[str, str]:
+    """The node's cloud-init documents by file name, for the offline render."""
+    return {
+        "meta-data.yaml": render_metadata(cfg, node),
+        "user-data.yaml": render_userdata(cfg, node),
+    }
