@@ -16,7 +16,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import (
@@ -74,7 +74,7 @@ class _Model(BaseModel):
     )
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     BALANCER = "balancer"
     CONTROL_PLANE = "control-plane"
     WORKER = "worker"
@@ -284,7 +284,7 @@ class ConfigProblem:
 class LabConfigError(ValueError):
     """Every problem found in one config, each naming its key and the fix."""
 
-    def __init__(self, problems: list[ConfigProblem]):
+    def __init__(self, problems: list[ConfigProblem]) -> None:
         self.problems = problems
         lines = [f"the {NAMESPACE} config has {len(problems)} problem(s); nothing was created:"]
         lines += [f"  - {p}" for p in problems]

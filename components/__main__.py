@@ -1,0 +1,29 @@
+"""`python -m components render [--stack labs] --out DIR`: what `pulumi up` would do, offline.
+
+Runs the real program under Pulumi's mock engine (no vCenter, no network, no Pulumi CLI) and
+writes plan.json, graph.mmd and every file pushed to a machine, one folder per host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from components.render_cli import render
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m components", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    render_parser = commands.add_parser("render", help="write plan.json, graph.mmd and every pushed file")
+    render_parser.add_argument("--stack", default="labs", help="stack whose Pulumi.<stack>.yaml to read")
+    render_parser.add_argument("--out", type=Path, required=True, help="output folder (created)")
+    args = parser.parse_args(argv)
+    if args.command == "render":
+        return render(args.stack, args.out)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

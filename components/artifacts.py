@@ -1,0 +1,59 @@
+"""Every file the program pushes to a machine, per host, for the offline `render` command.
+
+Secrets generated at `pulumi up` time (bootstrap token, certificate key, VRRP password) do not
+exist offline; these files carry clearly marked placeholders in their place (PLACEHOLDERS).
+"""
+
+from __future__ import annotations
+
+from components.config import LabConfig
+from components.rendering import k8s, lb, node, read_file
+from components.rendering import template as template_rendering
+
+# Valid in form, so the same validation runs as at `up` time, and plainly not real.
+PLACEHOLDERS = {
+    "bootstrap token": "render.placeholder00000",
+    "certificate key": "0" * 64,
+    "VRRP password": "RENDERPH",
+    "CA certificate hash": "sha256:" + "0" * 64,
+}
+TEMPLATE_FOLDER = "golden-template"
+
+
+def host_artifacts(lab: LabConfig) -> dict[str, dict[str, str]]:
+    """{folder: {relative path: text}}: one folder per host, plus the template's install media."""
+    token = PLACEHOLDERS["bootstrap token"]
+    certificate_key = PLACEHOLDERS["certificate key"]
+    ca_hash = PLACEHOLDERS["CA certificate hash"]
+    first = k8s.first_control_plane(lab)
+    out: dict[str, dict[str, str]] = {TEMPLATE_FOLDER: template_rendering.template_files(lab)}
+
+    for host in lab.all_nodes:
+        files = {f"cloud-init/{name}": text for name, text in node.node_files(lab, host).items()}
+        files["steps/ready/wait-for-cloud-init.sh"] = read_file("fleet/wait-for-cloud-init.sh")
+        out[host.name] = files
+
+    for balancer in lab.balancers:
+        files = lb.balancer_files(lab, balancer, PLACEHOLDERS["VRRP password"])
+        out[balancer.name].update({f"steps/lb-setup/{k}": v for k, v in files.items()})
+
+    for host in lab.kubernetes_nodes:
+        out[host.name].update({f"steps/prepare/{k}": v for k, v in k8s.prepare_files(lab, host).items()})
+    first_files = out[first.name]
+    first_files.update({f"steps/kubeadm-init/{k}": v for k, v in k8s.init_files(lab, token, certificate_key).items()})
+    first_files.update(
+        {f"steps/refresh-join-material/{k}": v for k, v in k8s.refresh_files(lab, token, certificate_key).items()}
+    )
+    first_files.update({f"steps/flannel/{k}": v for k, v in k8s.flannel_files(lab).items()})
+    first_files.update({f"steps/verify-cluster/{k}": v for k, v in k8s.verify_files(lab).items()})
+    first_files.update({f"steps/kubeconfig/{k}": v for k, v in k8s.kubeconfig_files(lab).items()})
+    for host in lab.control_planes[1:]:
+        files = k8s.control_plane_join_files(lab, host, token, certificate_key)
+        out[host.name].update({f"steps/kubeadm-join/{k}": v for k, v in files.items()})
+        out[host.name]["steps/kubeadm-join/ARGS"] = " ".join(k8s.join_args(ca_hash)) + "\n"
+    for host in lab.workers:
+        files = k8s.worker_join_files(lab, host, token)
+        out[host.name].update({f"steps/kubeadm-join/{k}": v for k, v in files.items()})
+        out[host.name]["steps/kubeadm-join/ARGS"] = " ".join(k8s.join_args(ca_hash)) + "\n"
+        first_files.update({f"steps/drain-{host.name}/{k}": v for k, v in k8s.drain_files(lab, host.name).items()})
+    return out

@@ -1,0 +1,162 @@
+"""Layer 2: the seven VMs (full clones of the golden template) and their DRS anti-affinity rules."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_vsphere as vsphere
+from pulumi_command import remote
+
+from components import remote as steps
+from components.config import LabConfig, Node, Role
+from components.rendering import node as node_rendering
+from components.rendering import read_file
+
+GUEST_ID = "debian12_64Guest"
+# Overall bound on first boot + cloud-init; SSH dial retries are unlimited inside it.
+READINESS_TIMEOUT_SECONDS = 900
+ROLE_RULE_NAMES = {Role.BALANCER: "balancers", Role.CONTROL_PLANE: "control-planes", Role.WORKER: "workers"}
+
+
+def ownership_annotation(stack: str) -> str:
+    """Written on every VM: preflight tells this stack's VMs from anyone else's by it."""
+    return f"Managed by Pulumi: {pulumi.get_project()}/{stack}. Changes made in vCenter are overwritten."
+
+
+class NodeFleet(pulumi.ComponentResource):
+    """Clones, readiness and anti-affinity for every node of the lab."""
+
+    vms: dict[str, vsphere.VirtualMachine]
+    ready: dict[str, remote.Command]
+
+    def __init__(
+        self,
+        name: str,
+        lab: LabConfig,
+        template_uuid: pulumi.Input[str],
+        private_key: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("labs-k8s:fleet:NodeFleet", name, None, opts)
+        invoke = pulumi.InvokeOptions(parent=self)
+        datacenter = vsphere.get_datacenter_output(name=lab.vsphere.datacenter, opts=invoke)
+        cluster = vsphere.get_compute_cluster_output(
+            name=lab.vsphere.compute_cluster, datacenter_id=datacenter.id, opts=invoke
+        )
+        datastore = vsphere.get_datastore_output(name=lab.vsphere.datastore, datacenter_id=datacenter.id, opts=invoke)
+        network = vsphere.get_network_output(name=lab.vsphere.network, datacenter_id=datacenter.id, opts=invoke)
+        if lab.vsphere.resource_pool:
+            pool_id = vsphere.get_resource_pool_output(
+                name=lab.vsphere.resource_pool, datacenter_id=datacenter.id, opts=invoke
+            ).id
+        else:
+            pool_id = cluster.resource_pool_id
+
+        self.vms = {}
+        self.ready = {}
+        wait_script = read_file("fleet/wait-for-cloud-init.sh")
+        for node in lab.all_nodes:
+            vm = self._clone(lab, node, template_uuid, pool_id, datastore.id, network.id)
+            self.vms[node.name] = vm
+            self.ready[node.name] = steps.run_step(
+                f"{node.name}-ready",
+                lab=lab,
+                node=node,
+                private_key=private_key,
+                files=lambda: {"wait-for-cloud-init.sh": wait_script},
+                entrypoint="wait-for-cloud-init.sh",
+                args=(str(READINESS_TIMEOUT_SECONDS), node.name),
+                parent=self,
+                # The host is the static IP from config, not a VM output, so order explicitly.
+                depends_on=[vm],
+                timeout=f"{READINESS_TIMEOUT_SECONDS // 60 + 5}m",
+            )
+
+        self.rules: dict[Role, vsphere.ComputeClusterVmAntiAffinityRule] = {}
+        for role in Role:
+            policy = lab.anti_affinity.for_role(role)
+            members = [self.vms[n.name] for n in lab.nodes_of(role)]
+            if policy == "off" or len(members) < 2:
+                continue
+            rule_name = f"{pulumi.get_project()}-{pulumi.get_stack()}-{ROLE_RULE_NAMES[role]}"
+            self.rules[role] = vsphere.ComputeClusterVmAntiAffinityRule(
+                f"{ROLE_RULE_NAMES[role]}-anti-affinity",
+                name=rule_name,
+                compute_cluster_id=cluster.id,
+                virtual_machine_ids=[vm.id for vm in members],
+                mandatory=policy == "mandatory",
+                enabled=True,
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    # A rule follows its members: a replaced VM gets a new id, and the rule is remade.
+                    replace_on_changes=["virtualMachineIds"],
+                    delete_before_replace=True,
+                ),
+            )
+        self.register_outputs(
+            {
+                "vmIds": {name: vm.id for name, vm in self.vms.items()},
+                "ruleNames": [rule.name for rule in self.rules.values()],
+            }
+        )
+
+    def _clone(
+        self,
+        lab: LabConfig,
+        node: Node,
+        template_uuid: pulumi.Input[str],
+        pool_id: pulumi.Input[str],
+        datastore_id: pulumi.Input[str],
+        network_id: pulumi.Input[str],
+    ) -> vsphere.VirtualMachine:
+        # The OS disk is exactly the template's: a clone's grown disk comes out lazy-zeroed
+        # (terraform-provider-vsphere #2123). Extra room goes on a separate eager-zeroed disk.
+        disks = [
+            vsphere.VirtualMachineDiskArgs(
+                label="os", unit_number=0, size=lab.template.disk_gib, eagerly_scrub=True, thin_provisioned=False
+            )
+        ]
+        if node.data_disk_gib:
+            disks.append(
+                vsphere.VirtualMachineDiskArgs(
+                    label="data", unit_number=1, size=node.data_disk_gib, eagerly_scrub=True, thin_provisioned=False
+                )
+            )
+        return vsphere.VirtualMachine(
+            node.name,
+            name=node.name,
+            folder=lab.vsphere.folder,
+            resource_pool_id=pool_id,
+            datastore_id=datastore_id,
+            num_cpus=node.vcpu,
+            memory=node.memory_mib,
+            guest_id=GUEST_ID,
+            firmware=lab.template.firmware,
+            scsi_type="pvscsi",
+            enable_disk_uuid=True,
+            network_interfaces=[vsphere.VirtualMachineNetworkInterfaceArgs(network_id=network_id,
+                                                                           adapter_type="vmxnet3")],
+            disks=disks,
+            clone=vsphere.VirtualMachineCloneArgs(template_uuid=template_uuid),
+            # Identity and network through cloud-init's VMware datasource, never guest
+            # customization (unreliable on Debian: packer-examples-for-vsphere#815, #848).
+            extra_config=node_rendering.guestinfo_extra_config(lab, node),
+            annotation=ownership_annotation(pulumi.get_stack()),
+            # Static IPs: the provider's guest-network waiter would only wait for what we already
+            # know (pulumi/pulumi-vsphere#182). Readiness is the cloud-init step below.
+            wait_for_guest_net_timeout=0,
+            wait_for_guest_ip_timeout=0,
+            # Known perpetual diffs when left to vCenter's defaults (pulumi/pulumi-vsphere#472).
+            ept_rvi_mode="automatic",
+            hv_mode="hvAuto",
+            # Nodes keep time with NTP (timesyncd); two clocks fighting upsets etcd.
+            sync_time_with_host=False,
+            sync_time_with_host_periodically=False,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # A changed cloud-init means a new VM, never a reboot with half-applied state.
+                replace_on_changes=["extraConfig"],
+                # A rebuilt template does not replace running nodes: opt in per node with
+                # `pulumi up --replace <urn>` (docs/runbook.md).
+                ignore_changes=["clone"],
+            ),
+        )

@@ -1,0 +1,53 @@
+"""Layer 3: HAProxy + Keepalived on the two balancers, the lab's only way to the API (VIP:6443)."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_random as random
+from pulumi_command import remote
+
+from components import remote as steps
+from components.config import LabConfig
+from components.rendering import lb as lb_rendering
+
+# Keepalived's PASS authentication uses only the first 8 characters.
+VRRP_PASSWORD_LENGTH = 8
+
+
+class LoadBalancerPair(pulumi.ComponentResource):
+    """One setup step per balancer; the pair is ready when both are."""
+
+    setups: dict[str, remote.Command]
+
+    def __init__(
+        self,
+        name: str,
+        lab: LabConfig,
+        ready: dict[str, pulumi.Resource],
+        private_key: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("labs-k8s:lb:LoadBalancerPair", name, None, opts)
+        # Generated once per stack and kept in state as a secret.
+        self.vrrp_password = random.RandomPassword(
+            "vrrp-password",
+            length=VRRP_PASSWORD_LENGTH,
+            special=False,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.setups = {}
+        for balancer in lab.balancers:
+            self.setups[balancer.name] = steps.run_step(
+                f"{balancer.name}-lb-setup",
+                lab=lab,
+                node=balancer,
+                private_key=private_key,
+                files=lambda password, balancer=balancer: lb_rendering.balancer_files(lab, balancer, password),
+                entrypoint=lb_rendering.SETUP_SCRIPT,
+                secrets=[self.vrrp_password.result],
+                parent=self,
+                depends_on=[ready[balancer.name]],
+                handles_secrets=True,
+            )
+        self.endpoint = f"https://{lab.load_balancer.vip}:6443"
+        self.register_outputs({"endpoint": self.endpoint})

@@ -1,0 +1,304 @@
+"""Run the real program under Pulumi's mock engine: no vCenter, no network, no Pulumi CLI.
+
+`render` and the test suite both use this. A recording MockMonitor keeps what the plain
+MockResourceArgs lacks (parent, dependencies, property dependencies, secretness), so tests
+assert on the dependency graph rather than on registration order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import runpy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from google.protobuf import json_format
+from pulumi.runtime import rpc
+from pulumi.runtime.mocks import MockMonitor
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROJECT = "labs-k8s"
+SECRET_MARK = "[secret]"
+
+# Placeholders for what a fresh clone does not have. They are valid in form (so validation
+# passes) and say plainly what they are, so nobody mistakes a rendered file for a real one.
+PLACEHOLDER_SECRET = "[placeholder: not set on this machine]"
+_ED25519_BLOB = b"\x00\x00\x00\x0bssh-ed25519" + b"\x00\x00\x00\x20" + bytes(32)
+PLACEHOLDER_PUBLIC_KEY = (
+    "ssh-ed25519 " + base64.b64encode(_ED25519_BLOB).decode() + " RENDER-PLACEHOLDER-set-labs-k8s:ssh.publicKey"
+)
+PLACEHOLDER_PRIVATE_KEY = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nRENDER-PLACEHOLDER: set labs-k8s:sshPrivateKey\n"
+    "-----END OPENSSH PRIVATE KEY-----\n"
+)
+REQUIRED_SECRETS = {"labs-k8s:sshPrivateKey": PLACEHOLDER_PRIVATE_KEY, "vsphere:password": PLACEHOLDER_SECRET}
+
+
+@dataclass
+class Registration:
+    """One resource as the engine saw it."""
+
+    type: str
+    name: str
+    urn: str
+    parent: str
+    dependencies: list[str]
+    property_dependencies: dict[str, list[str]]
+    inputs: dict[str, Any]
+    outputs: dict[str, Any] = field(default_factory=dict)
+    custom: bool = True
+    # For tests only, never written out: the inputs with secrets unwrapped, and which were secret.
+    plain_inputs: dict[str, Any] = field(default_factory=dict, repr=False)
+    secret_input_keys: frozenset[str] = frozenset()
+    additional_secret_outputs: tuple[str, ...] = ()
+    replace_on_changes: tuple[str, ...] = ()
+    ignore_changes: tuple[str, ...] = ()
+
+
+def _redact(value: Any) -> Any:
+    """Replace Pulumi's wire form of a secret with a visible marker, recursively."""
+    if isinstance(value, dict):
+        if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
+            return SECRET_MARK
+        if value.get(rpc._special_sig_key) == rpc._special_resource_sig:
+            return value.get("urn", "[resource]")
+        return {k: _redact(v) for k, v in value.items() if k != "__provider"}
+    if isinstance(value, list):
+        return [_redact(v) for v in value]
+    return value
+
+
+def _unwrap(value: Any) -> Any:
+    if rpc.is_rpc_secret(value):
+        return _unwrap(rpc.unwrap_rpc_secret(value))
+    if isinstance(value, dict):
+        return {k: _unwrap(v) for k, v in value.items() if k != "__provider"}
+    if isinstance(value, list):
+        return [_unwrap(v) for v in value]
+    return value
+
+
+def _urn_name(urn: str) -> str:
+    return urn.rsplit("::", 1)[-1] if urn else ""
+
+
+class RecordingMonitor(MockMonitor):
+    """MockMonitor that records parent, dependencies and redacted inputs of every resource."""
+
+    def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
+        super().__init__(mocks)
+        self.registrations: dict[str, Registration] = {}
+        self.stack_outputs: dict[str, Any] = {}
+
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            raw_inputs = json_format.MessageToDict(request.object, preserving_proto_field_name=True)
+            self.registrations[response.urn] = Registration(
+                type=request.type,
+                name=request.name,
+                urn=response.urn,
+                parent=request.parent,
+                dependencies=list(request.dependencies),
+                property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+                inputs=_redact(raw_inputs),
+                outputs=_redact(json_format.MessageToDict(response.object)),
+                custom=bool(request.custom),
+                plain_inputs=_unwrap(rpc.deserialize_properties(request.object)),
+                secret_input_keys=frozenset(k for k, v in _redact(raw_inputs).items() if v == SECRET_MARK),
+                additional_secret_outputs=tuple(request.additionalSecretOutputs),
+                replace_on_changes=tuple(request.replaceOnChanges),
+                ignore_changes=tuple(request.ignoreChanges),
+            )
+        return response
+
+    def RegisterResourceOutputs(self, request: Any) -> Any:
+        if request.urn.split("::")[2] == "pulumi:pulumi:Stack":
+            self.stack_outputs = _redact(json_format.MessageToDict(request.outputs))
+        return super().RegisterResourceOutputs(request)
+
+
+def _fake_hex(seed: str, length: int) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()[:length]
+
+
+class LabMocks(pulumi.runtime.Mocks):
+    """Provider stand-ins: what each resource type computes, and the vSphere data sources.
+
+    Outputs use the providers' camelCase property names, as the real engine returns them.
+    """
+
+    def __init__(self, vip: str = "10.3.60.100") -> None:
+        self.vip = vip
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        outputs = dict(args.inputs)
+        resource_id = f"{args.name}-id"
+        if args.typ == "vsphere:index/virtualMachine:VirtualMachine":
+            outputs.update(uuid=f"4200{_fake_hex(args.name, 28)}", moid=f"vm-{_fake_hex(args.name, 4)}")
+        elif args.typ == "random:index/randomPassword:RandomPassword":
+            outputs["result"] = _fake_hex(args.name, int(args.inputs.get("length", 16)))
+        elif args.typ == "random:index/randomId:RandomId":
+            size = int(args.inputs.get("byteLength", 32))
+            outputs.update(hex=_fake_hex(args.name, size * 2), b64Std="", b64Url="", dec="")
+        elif args.typ == "command:remote:Command":
+            outputs.update(stdout=self._command_stdout(args.name), stderr="")
+        elif args.typ == "pulumi-python:dynamic:Resource":
+            outputs.update(uuid=f"4201{_fake_hex(args.name, 28)}", moid=f"vm-{_fake_hex(args.name, 4)}")
+        return resource_id, outputs
+
+    def _command_stdout(self, name: str) -> str:
+        if "refresh-join" in name:
+            return "sha256:" + _fake_hex(name, 64)
+        if "kubeconfig" in name:
+            return (
+                "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: https://"
+                f"{self.vip}:6443\n  name: labs-k8s\n"
+            )
+        return ""
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]]]:
+        self.calls.append((args.token, dict(args.args)))
+        name = str(args.args.get("name", ""))
+        ids = {
+            "vsphere:index/getDatacenter:getDatacenter": {"id": f"datacenter-{_fake_hex(name, 4)}"},
+            "vsphere:index/getComputeCluster:getComputeCluster": {
+                "id": f"domain-c{_fake_hex(name, 4)}",
+                "name": name,
+                "resourcePoolId": f"resgroup-{_fake_hex(name, 4)}",
+            },
+            "vsphere:index/getDatastore:getDatastore": {"id": f"datastore-{_fake_hex(name, 4)}", "name": name},
+            "vsphere:index/getNetwork:getNetwork": {"id": f"network-{_fake_hex(name, 4)}", "name": name,
+                                                    "type": "Network"},
+            "vsphere:index/getResourcePool:getResourcePool": {"id": f"resgroup-{_fake_hex(name, 4)}"},
+        }
+        return ids.get(args.token, {"id": f"mock-{_fake_hex(args.token + name, 8)}"}), []
+
+
+# --------------------------------------------------------------------------- stack files
+
+
+def _config_value(value: Any) -> str:
+    """Pulumi hands structured config to programs as JSON strings, scalars as strings."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def stack_config(stack: str = "labs", overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, str], list[str]]:
+    """Config and secret keys as the engine would pass them, from Pulumi.<stack>.yaml.
+
+    Encrypted values (`secure:`) and required secrets that are not set become clearly marked
+    placeholders; so does a missing SSH public key. Preflight is off: there is no vCenter here.
+    """
+    path = REPO_ROOT / f"Pulumi.{stack}.yaml"
+    document = yaml.safe_load(path.read_text()) or {}
+    raw: dict[str, Any] = dict(document.get("config") or {})
+    secret_keys: list[str] = []
+    for key, value in list(raw.items()):
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            raw[key] = PLACEHOLDER_SECRET
+            secret_keys.append(key)
+    for key, placeholder in REQUIRED_SECRETS.items():
+        if key not in raw or raw[key] == PLACEHOLDER_SECRET:
+            raw[key] = placeholder
+            if key not in secret_keys:
+                secret_keys.append(key)
+    ssh = dict(raw.get("labs-k8s:ssh") or {})
+    ssh.setdefault("publicKey", PLACEHOLDER_PUBLIC_KEY)
+    raw["labs-k8s:ssh"] = ssh
+    preflight = dict(raw.get("labs-k8s:preflight") or {})
+    preflight["enabled"] = False
+    raw["labs-k8s:preflight"] = preflight
+    for key, value in (overrides or {}).items():
+        raw[key] = value
+    return {k: _config_value(v) for k, v in raw.items()}, secret_keys
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass
+class OfflineRun:
+    registrations: dict[str, Registration]
+    stack_outputs: dict[str, Any]
+    calls: list[tuple[str, dict[str, Any]]]
+
+    def by_name(self, name: str) -> Registration:
+        matches = [r for r in self.registrations.values() if r.name == name]
+        if len(matches) != 1:
+            raise KeyError(f"{len(matches)} resources named {name!r}")
+        return matches[0]
+
+    def of_type(self, type_token: str) -> list[Registration]:
+        return [r for r in self.registrations.values() if r.type == type_token]
+
+    def depends_on(self, name: str, other: str) -> bool:
+        """True when `name` depends on `other`, directly or through the graph."""
+        target = self.by_name(other).urn
+        seen: set[str] = set()
+        stack = list(self.by_name(name).dependencies)
+        while stack:
+            urn = stack.pop()
+            if urn == target:
+                return True
+            if urn in seen or urn not in self.registrations:
+                continue
+            seen.add(urn)
+            stack.extend(self.registrations[urn].dependencies)
+        return False
+
+    def parent_name(self, name: str) -> str:
+        return _urn_name(self.by_name(name).parent)
+
+
+def run_program(
+    stack: str = "labs",
+    overrides: Mapping[str, Any] | None = None,
+    program: Callable[[], None] | None = None,
+    preview: bool = False,
+    monitor_sink: list[RecordingMonitor] | None = None,
+) -> OfflineRun:
+    """Run `__main__.py` (or `program`) as the engine would, under mocks, and return what it registered."""
+    config, secret_keys = stack_config(stack, overrides)
+    vip = json.loads(config["labs-k8s:loadBalancer"]).get("vip", "10.3.60.100") if (
+        "labs-k8s:loadBalancer" in config) else "10.3.60.100"
+    mocks = LabMocks(vip=str(vip))
+    monitor = RecordingMonitor(mocks)
+    if monitor_sink is not None:
+        monitor_sink.append(monitor)  # lets a caller see what was registered before a failure
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor)
+        pulumi.runtime.set_all_config(config, secret_keys)
+        # set_mocks made a root stack of its own; the program gets a fresh one, as under the engine,
+        # so that its exports are registered as stack outputs.
+        pulumi.runtime.settings.ROOT.set(None)
+        main = program or (lambda: runpy.run_path(str(REPO_ROOT / "__main__.py"), run_name="__main__"))
+        loop.run_until_complete(pulumi.runtime.stack.run_in_stack(main))
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
+    return OfflineRun(monitor.registrations, monitor.stack_outputs, mocks.calls)
+
+
+def lab_config_from_stack(stack: str = "labs", overrides: Mapping[str, Any] | None = None) -> Any:
+    """The validated LabConfig of a stack file (with the same placeholders as `run_program`)."""
+    from components.config import NAMESPACE, load_lab_config
+
+    config, _ = stack_config(stack, overrides)
+    prefix = f"{NAMESPACE}:"
+    structured = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
+    structured.pop("sshPrivateKey", None)
+    return load_lab_config({k: json.loads(v) if v[:1] in "{[" else v for k, v in structured.items()})

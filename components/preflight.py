@@ -1,0 +1,84 @@
+"""Preflight before anything is registered: the config's vSphere placement checked against vCenter.
+
+`pulumi preview` in a pull request fails here, early and clearly, instead of half-way through
+an `up`. The checks themselves (pyvmomi) live in components/vsphere.py; this module only turns
+the lab config into a PreflightSpec and the report into a Pulumi error or warnings.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pulumi
+
+from components.config import LabConfig, Role
+from components.fleet import ROLE_RULE_NAMES
+from components.stack_config import StackInputs
+
+
+def preflight_spec(lab: LabConfig, stack: str) -> object:
+    from components import vsphere
+
+    rules = tuple(
+        vsphere.AntiAffinityRule(
+            name=f"{pulumi.get_project()}-{stack}-{ROLE_RULE_NAMES[role]}",
+            vm_names=tuple(node.name for node in lab.nodes_of(role)),
+            mandatory=lab.anti_affinity.for_role(role) == "mandatory",
+        )
+        for role in Role
+        if lab.anti_affinity.for_role(role) != "off" and len(lab.nodes_of(role)) > 1
+    )
+    vms = tuple(
+        vsphere.PlannedVm(
+            name=node.name,
+            ip_addresses=(str(node.ip),),
+            disk_gib=(lab.template.disk_gib, node.data_disk_gib) if node.data_disk_gib else (lab.template.disk_gib,),
+            memory_mib=node.memory_mib,
+        )
+        for node in lab.all_nodes
+    )
+    return vsphere.PreflightSpec(
+        datacenter=lab.vsphere.datacenter,
+        cluster=lab.vsphere.compute_cluster,
+        datastore=lab.vsphere.datastore,
+        network=lab.vsphere.network,
+        vm_folder=lab.vsphere.folder,
+        resource_pool=lab.vsphere.resource_pool,
+        stack=stack,
+        vms=vms,
+        extra_ips=(str(lab.load_balancer.vip),),
+        anti_affinity_rules=rules,
+        drs_required=lab.preflight.drs_disabled == "fail",
+    )
+
+
+def _password() -> str:
+    # The plain value is needed in-process for pyvmomi; it is never logged or exported.
+    value = pulumi.runtime.config.get_config("vsphere:password") or os.environ.get("VSPHERE_PASSWORD")
+    if not value:
+        raise pulumi.RunError("vsphere:password: not set; pulumi config set --secret vsphere:password")
+    return str(value)
+
+
+def run_preflight(inputs: StackInputs) -> None:
+    lab = inputs.lab
+    if not lab.preflight.enabled:
+        pulumi.log.info("preflight: off (labs-k8s:preflight.enabled is false)")
+        return
+    from components import vsphere
+
+    credentials = inputs.vcenter
+    try:
+        with vsphere.session(
+            credentials.server, credentials.user, _password(), insecure=credentials.allow_unverified_ssl
+        ) as si:
+            report = vsphere.preflight(si, preflight_spec(lab, pulumi.get_stack()))
+    except vsphere.VSphereError as error:
+        raise pulumi.RunError(f"preflight could not check vCenter: {error}") from None
+    for warning in report.warnings:
+        pulumi.log.warn(f"preflight: {warning}")
+    if not report.ok:
+        raise pulumi.RunError(
+            report.render()
+            + "\nNothing was created. Fix the above, or turn preflight off with labs-k8s:preflight.enabled: false."
+        )

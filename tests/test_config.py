@@ -1,0 +1,258 @@
+"""The lab config model: every validation rule names its key and the fix; problems come together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from components.config import LabConfigError, Role, load_lab_config
+
+
+def problems(namespace: dict[str, Any]) -> dict[str, str]:
+    """key -> message for every problem the config has (fails the test if it has none)."""
+    with pytest.raises(LabConfigError) as caught:
+        load_lab_config(namespace)
+    found = {p.key: p.message for p in caught.value.problems}
+    assert str(caught.value).startswith("the labs-k8s config has")
+    for key in found:
+        assert f"labs-k8s:{key}: " in str(caught.value)
+    return found
+
+
+def hosts(ns: dict[str, Any], role: str) -> list[dict[str, Any]]:
+    return ns["nodes"][role]["hosts"]
+
+
+def test_committed_lab_is_the_seed_lab(lab_config):
+    names = {n.name: (str(n.ip), n.role) for n in lab_config.all_nodes}
+    assert names == {
+        "labs-k8s-lb01": ("10.3.60.50", Role.BALANCER),
+        "labs-k8s-lb02": ("10.3.60.56", Role.BALANCER),
+        "labs-k8s-m01": ("10.3.60.51", Role.CONTROL_PLANE),
+        "labs-k8s-m02": ("10.3.60.52", Role.CONTROL_PLANE),
+        "labs-k8s-m03": ("10.3.60.53", Role.CONTROL_PLANE),
+        "labs-k8s-w01": ("10.3.60.54", Role.WORKER),
+        "labs-k8s-w02": ("10.3.60.55", Role.WORKER),
+    }
+    assert str(lab_config.load_balancer.vip) == "10.3.60.100"
+    assert str(lab_config.kubernetes.pod_cidr) == "10.244.0.0/16"
+    assert str(lab_config.kubernetes.service_cidr) == "10.96.0.0/12"
+    assert lab_config.kubernetes.minor == 36
+    assert lab_config.anti_affinity.control_planes == "mandatory"
+    assert lab_config.anti_affinity.workers == "preferred"
+
+
+def test_seed_sizing_defaults_are_within_the_seed_ranges(lab_config):
+    for node in lab_config.control_planes:
+        assert node.vcpu >= 2 and node.memory_mib >= 4096
+    for node in lab_config.workers:
+        assert 2 <= node.vcpu <= 4 and 4096 <= node.memory_mib <= 8192
+    for node in lab_config.balancers:
+        assert 1 <= node.vcpu <= 2 and 1024 <= node.memory_mib <= 2048
+
+
+def test_malformed_ip_names_the_key(lab_namespace):
+    hosts(lab_namespace, "workers")[1]["ip"] = "10.3.60.300"
+    found = problems(lab_namespace)
+    assert "nodes.workers.hosts[1].ip" in found
+    assert "IPv4" in found["nodes.workers.hosts[1].ip"]
+
+
+def test_duplicate_ip(lab_namespace):
+    hosts(lab_namespace, "workers")[1]["ip"] = "10.3.60.54"
+    found = problems(lab_namespace)
+    assert "already used by labs-k8s:nodes.workers.hosts[0].ip" in found["nodes.workers.hosts[1].ip"]
+
+
+@pytest.mark.parametrize(
+    ("key", "mutate"),
+    [
+        ("nodes.controlPlanes.hosts[2].ip", lambda ns: hosts(ns, "controlPlanes")[2].update(ip="10.3.61.53")),
+        ("network.gateway", lambda ns: ns["network"].update(gateway="192.168.1.1")),
+        ("loadBalancer.vip", lambda ns: ns["loadBalancer"].update(vip="10.9.9.9")),
+    ],
+)
+def test_addresses_outside_the_node_cidr(lab_namespace, key, mutate):
+    mutate(lab_namespace)
+    found = problems(lab_namespace)
+    assert "outside network.cidr 10.3.60.0/24" in found[key]
+
+
+def test_vip_equal_to_gateway(lab_namespace):
+    lab_namespace["loadBalancer"]["vip"] = "10.3.60.1"
+    assert "is the gateway" in problems(lab_namespace)["loadBalancer.vip"]
+
+
+def test_vip_equal_to_a_node_ip(lab_namespace):
+    lab_namespace["loadBalancer"]["vip"] = "10.3.60.56"
+    assert "labs-k8s:nodes.balancers.hosts[1].ip" in problems(lab_namespace)["loadBalancer.vip"]
+
+
+@pytest.mark.parametrize("name", ["Labs-K8s-W01", "w_01", "-w01", "w01-", "x" * 64, "w01.labs"])
+def test_invalid_hostnames(lab_namespace, name):
+    hosts(lab_namespace, "workers")[0]["name"] = name
+    message = problems(lab_namespace)["nodes.workers.hosts[0].name"]
+    assert "not a valid hostname" in message and "1-63" in message
+
+
+def test_sixty_three_character_hostname_is_fine(lab_namespace):
+    hosts(lab_namespace, "workers")[0]["name"] = "w" * 63
+    assert load_lab_config(lab_namespace).workers[0].name == "w" * 63
+
+
+def test_duplicate_hostname(lab_namespace):
+    hosts(lab_namespace, "workers")[1]["name"] = "labs-k8s-m01"
+    assert "already used by labs-k8s:nodes.controlPlanes.hosts[0].name" in problems(lab_namespace)[
+        "nodes.workers.hosts[1].name"
+    ]
+
+
+def test_even_number_of_control_planes(lab_namespace):
+    hosts(lab_namespace, "controlPlanes").pop()
+    message = problems(lab_namespace)["nodes.controlPlanes.hosts"]
+    assert "odd number" in message and "list 1 or 3" in message
+
+
+def test_zero_control_planes(lab_namespace):
+    lab_namespace["nodes"]["controlPlanes"]["hosts"] = []
+    assert "no control planes" in problems(lab_namespace)["nodes.controlPlanes.hosts"]
+
+
+def test_single_control_plane_needs_the_explicit_opt_in(lab_namespace):
+    del hosts(lab_namespace, "controlPlanes")[1:]
+    assert "allowSingleControlPlane" in problems(lab_namespace)["nodes.controlPlanes.hosts"]
+    lab_namespace["kubernetes"]["allowSingleControlPlane"] = True
+    assert len(load_lab_config(lab_namespace).control_planes) == 1
+
+
+@pytest.mark.parametrize("count", [0, 3])
+def test_balancer_count_other_than_two(lab_namespace, count):
+    balancers = hosts(lab_namespace, "balancers")
+    if count == 0:
+        balancers.clear()
+    else:
+        balancers.append({"name": "labs-k8s-lb03", "ip": "10.3.60.57"})
+    assert "exactly 2" in problems(lab_namespace)["nodes.balancers.hosts"]
+
+
+def test_single_balancer_needs_the_explicit_opt_in(lab_namespace):
+    hosts(lab_namespace, "balancers").pop()
+    assert "allowSingleBalancer" in problems(lab_namespace)["nodes.balancers.hosts"]
+    lab_namespace["loadBalancer"]["allowSingleBalancer"] = True
+    assert len(load_lab_config(lab_namespace).balancers) == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "clashes_with"),
+    [
+        ("podCidr", "10.3.0.0/16", "network.cidr"),
+        ("serviceCidr", "10.244.128.0/17", "kubernetes.podCidr"),
+        ("serviceCidr", "10.3.60.0/25", "network.cidr"),
+    ],
+)
+def test_overlapping_cidrs(lab_namespace, key, value, clashes_with):
+    lab_namespace["kubernetes"][key] = value
+    message = problems(lab_namespace)[f"kubernetes.{key}"]
+    assert f"overlaps {clashes_with}" in message
+
+
+@pytest.mark.parametrize("version", ["1.36", "v1.36.0", "1.36.x", "2.0.0", ""])
+def test_malformed_kubernetes_version(lab_namespace, version):
+    lab_namespace["kubernetes"]["version"] = version
+    assert "MAJOR.MINOR.PATCH" in problems(lab_namespace)["kubernetes.version"]
+
+
+@pytest.mark.parametrize("version", ["1.29.9", "1.38.0"])
+def test_unsupported_kubernetes_version(lab_namespace, version):
+    lab_namespace["kubernetes"]["version"] = version
+    assert "not supported" in problems(lab_namespace)["kubernetes.version"]
+
+
+@pytest.mark.parametrize(
+    ("role", "field", "value", "minimum"),
+    [
+        ("controlPlanes", "vcpu", 1, "2"),
+        ("controlPlanes", "memoryMib", 2048, "4096"),
+        ("workers", "vcpu", 1, "2"),
+        ("workers", "memoryMib", 3072, "4096"),
+        ("balancers", "memoryMib", 512, "1024"),
+        ("controlPlanes", "dataDiskGib", 5, "10"),
+    ],
+)
+def test_sizes_below_the_minimums(lab_namespace, role, field, value, minimum):
+    lab_namespace["nodes"][role][field] = value
+    message = problems(lab_namespace)[f"nodes.{role}.{field}"]
+    assert f"at least {minimum}" in message
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "not a key",
+        "ssh-ed25519",
+        "ssh-ed25519 !!!notbase64!!!",
+        "ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIDepyaBTvQco3InMZ3UGqqttoQO27Y46RlhA2zNSr1XW",  # body says ed25519
+        "-----BEGIN OPENSSH PRIVATE KEY-----",
+    ],
+)
+def test_malformed_ssh_public_key(lab_namespace, key):
+    lab_namespace["ssh"]["publicKey"] = key
+    message = problems(lab_namespace)["ssh.publicKey"]
+    assert ".pub" in message  # every variant says where a good key comes from
+
+
+def test_valid_ssh_public_key_is_accepted(lab_namespace):
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDepyaBTvQco3InMZ3UGqqttoQO27Y46RlhA2zNSr1XW me@laptop"
+    lab_namespace["ssh"]["publicKey"] = key
+    assert load_lab_config(lab_namespace).ssh.public_key == key
+
+
+@pytest.mark.parametrize("field", ["datacenter", "computeCluster", "datastore", "network", "folder"])
+def test_missing_vsphere_placement(lab_namespace, field):
+    del lab_namespace["vsphere"][field]
+    message = problems(lab_namespace)[f"vsphere.{field}"]
+    assert "required" in message and "Pulumi.<stack>.yaml" in message
+
+
+def test_missing_whole_section(lab_namespace):
+    del lab_namespace["vsphere"]
+    assert "vsphere" in problems(lab_namespace)
+
+
+def test_unknown_keys_are_named(lab_namespace):
+    lab_namespace["loadBalancer"]["vipp"] = "10.3.60.100"
+    lab_namespace["worker"] = {}
+    found = problems(lab_namespace)
+    assert "camelCase" in found["loadBalancer.vipp"]
+    assert "unknown key" in found["worker"]
+
+
+def test_several_problems_are_reported_together(lab_namespace):
+    hosts(lab_namespace, "workers")[1]["ip"] = "10.3.60.54"  # duplicate
+    lab_namespace["loadBalancer"]["vip"] = "10.3.60.1"  # the gateway
+    hosts(lab_namespace, "controlPlanes").pop()  # even
+    lab_namespace["kubernetes"]["version"] = "1.99.0"  # unsupported
+    hosts(lab_namespace, "workers")[0]["name"] = "Bad_Name"  # hostname
+    found = problems(lab_namespace)
+    assert {
+        "nodes.workers.hosts[1].ip",
+        "loadBalancer.vip",
+        "nodes.controlPlanes.hosts",
+        "kubernetes.version",
+        "nodes.workers.hosts[0].name",
+    } <= set(found)
+
+
+def test_several_shape_errors_are_reported_together(lab_namespace):
+    hosts(lab_namespace, "workers")[0]["ip"] = "nope"
+    lab_namespace["network"]["cidr"] = "10.3.60.1/24"  # host bits set
+    found = problems(lab_namespace)
+    assert {"nodes.workers.hosts[0].ip", "network.cidr"} <= set(found)
+
+
+def test_kubeadm_api_version_follows_the_minor(lab_namespace):
+    lab_namespace["kubernetes"]["version"] = "1.30.14"
+    assert load_lab_config(lab_namespace).kubernetes.kubeadm_api_version == "kubeadm.k8s.io/v1beta3"
+    lab_namespace["kubernetes"]["version"] = "1.31.0"
+    assert load_lab_config(lab_namespace).kubernetes.kubeadm_api_version == "kubeadm.k8s.io/v1beta4"

@@ -1,0 +1,309 @@
+"""The whole program under Pulumi's mock engine: components, hardware, graph and secrets.
+
+Assertions are on the recorded parent/dependency graph (RecordingMonitor), never on the order
+in which resources happened to be registered.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import pulumi
+import pytest
+
+from components.offline import RecordingMonitor, run_program
+
+VM = "vsphere:index/virtualMachine:VirtualMachine"
+RULE = "vsphere:index/computeClusterVmAntiAffinityRule:ComputeClusterVmAntiAffinityRule"
+COMMAND = "command:remote:Command"
+COMPONENTS = {
+    "labs-k8s:lab:Lab": "labs-k8s",
+    "labs-k8s:template:GoldenTemplate": "template",
+    "labs-k8s:fleet:NodeFleet": "fleet",
+    "labs-k8s:lb:LoadBalancerPair": "balancers",
+    "labs-k8s:k8s:KubeadmCluster": "cluster",
+}
+NODES = {
+    "labs-k8s-lb01": "10.3.60.50",
+    "labs-k8s-lb02": "10.3.60.56",
+    "labs-k8s-m01": "10.3.60.51",
+    "labs-k8s-m02": "10.3.60.52",
+    "labs-k8s-m03": "10.3.60.53",
+    "labs-k8s-w01": "10.3.60.54",
+    "labs-k8s-w02": "10.3.60.55",
+}
+
+
+def host_of(reg) -> str:
+    return reg.plain_inputs["connection"]["host"]
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def test_one_component_per_layer_with_its_type_token(offline_run):
+    components = {r.type: r.name for r in offline_run.registrations.values() if not r.custom}
+    assert components == COMPONENTS
+    for layer in ("template", "fleet", "balancers", "cluster"):
+        assert offline_run.parent_name(layer) == "labs-k8s"
+
+
+def test_every_resource_is_parented_to_its_component(offline_run):
+    component_names = set(COMPONENTS.values())
+    for reg in offline_run.registrations.values():
+        if reg.custom:
+            assert offline_run.parent_name(reg.name) in component_names - {"labs-k8s"}, reg.name
+    by_parent = {
+        "template": {"pulumi-python:dynamic:Resource"},
+        "fleet": {VM, RULE, COMMAND},
+        "balancers": {COMMAND, "random:index/randomPassword:RandomPassword"},
+    }
+    for parent, types in by_parent.items():
+        children = {r.type for r in offline_run.registrations.values() if offline_run.parent_name(r.name) == parent}
+        assert children == types
+
+
+def test_stack_outputs(offline_run):
+    outputs = offline_run.stack_outputs
+    assert outputs["apiEndpoint"] == "https://10.3.60.100:6443"
+    assert outputs["kubeconfig"] == "[secret]"
+    assert {(n["name"], n["ip"]) for n in outputs["nodes"]} == set(NODES.items())
+    assert {n["role"] for n in outputs["nodes"]} == {"balancer", "control-plane", "worker"}
+    assert outputs["templateUuid"].startswith("4201")
+
+
+def test_bad_config_registers_nothing():
+    monitors: list[RecordingMonitor] = []
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program("labs", overrides={"labs-k8s:loadBalancer": {"vip": "10.3.60.51"}}, monitor_sink=monitors)
+    assert "labs-k8s:loadBalancer.vip" in str(caught.value)
+    assert monitors[0].registrations == {}
+
+
+def test_missing_ssh_private_key_is_a_clear_error_before_registration():
+    monitors: list[RecordingMonitor] = []
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program("labs", overrides={"labs-k8s:sshPrivateKey": ""}, monitor_sink=monitors)
+    assert "pulumi config set --secret labs-k8s:sshPrivateKey" in str(caught.value)
+    assert monitors[0].registrations == {}
+
+
+# --------------------------------------------------------------------------- template
+
+
+def test_template_inputs_carry_the_hardware(offline_run):
+    template = offline_run.by_name("golden-template")
+    inputs = template.inputs
+    assert (inputs["scsiType"], inputs["nicType"]) == ("pvscsi", "vmxnet3")
+    assert inputs["eagerlyScrub"] is True and inputs["thinProvisioned"] is False
+    assert inputs["firmware"] == "bios"
+    assert inputs["name"].startswith("labs-k8s-debian12-")
+    assert "password" in template.secret_input_keys
+
+
+def test_template_uuid_feeds_every_clone(offline_run):
+    template = offline_run.by_name("golden-template")
+    vms = offline_run.of_type(VM)
+    assert len(vms) == 7
+    for vm in vms:
+        assert template.urn in vm.property_dependencies["clone"]
+        assert vm.plain_inputs["clone"]["templateUuid"].startswith("4201")
+
+
+def test_node_changes_do_not_rebuild_the_template(offline_run, run_with, lab_namespace):
+    nodes = lab_namespace["nodes"]
+    nodes["workers"]["hosts"].append({"name": "labs-k8s-w03", "ip": "10.3.60.57"})
+    nodes["workers"]["memoryMib"] = 8192
+    changed = run_with(nodes=nodes)
+    assert changed.by_name("golden-template").inputs["name"] == offline_run.by_name("golden-template").inputs["name"]
+
+
+def test_template_inputs_change_the_template_name(offline_run, run_with, lab_namespace):
+    template = dict(lab_namespace["template"], diskGib=24)
+    changed = run_with(template=template)
+    assert changed.by_name("golden-template").inputs["name"] != offline_run.by_name("golden-template").inputs["name"]
+
+
+# --------------------------------------------------------------------------- fleet
+
+
+def test_clones_have_the_template_hardware_and_role_sizes(offline_run, lab_config):
+    sizes = {n.name: n for n in lab_config.all_nodes}
+    for vm in offline_run.of_type(VM):
+        inputs = vm.plain_inputs
+        node = sizes[inputs["name"]]
+        assert inputs["scsiType"] == "pvscsi"
+        assert [nic["adapterType"] for nic in inputs["networkInterfaces"]] == ["vmxnet3"]
+        assert all(d["eagerlyScrub"] is True and d["thinProvisioned"] is False for d in inputs["disks"])
+        # The OS disk is never grown beyond the template (provider #2123).
+        assert inputs["disks"][0]["size"] == lab_config.template.disk_gib
+        assert [d["size"] for d in inputs["disks"][1:]] == ([node.data_disk_gib] if node.data_disk_gib else [])
+        assert (inputs["numCpus"], inputs["memory"]) == (node.vcpu, node.memory_mib)
+        assert inputs["folder"] == "labs-k8s"
+        assert inputs["waitForGuestNetTimeout"] == 0 and inputs["waitForGuestIpTimeout"] == 0
+        assert (inputs["eptRviMode"], inputs["hvMode"]) == ("automatic", "hvAuto")
+        assert "extraConfig" in vm.replace_on_changes
+
+
+def test_clones_carry_their_own_cloud_init_in_guestinfo(offline_run):
+    for vm in offline_run.of_type(VM):
+        extra = vm.plain_inputs["extraConfig"]
+        assert extra["guestinfo.metadata.encoding"] in ("base64", "gzip+base64")
+        if extra["guestinfo.metadata.encoding"] == "base64":
+            metadata = base64.b64decode(extra["guestinfo.metadata"]).decode()
+            assert f"local-hostname: {vm.plain_inputs['name']}" in metadata
+            assert f"{NODES[vm.plain_inputs['name']]}/24" in metadata
+
+
+def test_worker_count_is_config(run_with, lab_namespace):
+    workers = lab_namespace["nodes"]["workers"]["hosts"]
+    workers += [{"name": f"labs-k8s-w0{i}", "ip": f"10.3.60.{54 + i}"} for i in range(3, 6)]
+    workers[1]["ip"] = "10.3.60.65"  # 10.3.60.56 belongs to lb02
+    run = run_with(nodes=lab_namespace["nodes"])
+    assert len(run.of_type(VM)) == 2 + 3 + 5
+
+
+def test_three_rules_with_exactly_the_right_members(offline_run):
+    rules = {r.plain_inputs["name"]: r for r in offline_run.of_type(RULE)}
+    assert set(rules) == {
+        "labs-k8s-labs-control-planes",
+        "labs-k8s-labs-balancers",
+        "labs-k8s-labs-workers",
+    }
+    vm_urns = {r.name: r.urn for r in offline_run.of_type(VM)}
+    members = {
+        "labs-k8s-labs-control-planes": {"labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03"},
+        "labs-k8s-labs-balancers": {"labs-k8s-lb01", "labs-k8s-lb02"},
+        "labs-k8s-labs-workers": {"labs-k8s-w01", "labs-k8s-w02"},
+    }
+    for name, rule in rules.items():
+        assert set(rule.property_dependencies["virtualMachineIds"]) == {vm_urns[n] for n in members[name]}
+        assert len(rule.plain_inputs["virtualMachineIds"]) == len(members[name])
+        assert "virtualMachineIds" in rule.replace_on_changes
+    assert rules["labs-k8s-labs-control-planes"].plain_inputs["mandatory"] is True
+    assert rules["labs-k8s-labs-balancers"].plain_inputs["mandatory"] is True
+    assert rules["labs-k8s-labs-workers"].plain_inputs["mandatory"] is False
+
+
+def test_anti_affinity_off_drops_the_rule(run_with, lab_namespace):
+    run = run_with(antiAffinity={"workers": "off"})
+    assert {r.plain_inputs["name"] for r in run.of_type(RULE)} == {
+        "labs-k8s-labs-control-planes",
+        "labs-k8s-labs-balancers",
+    }
+
+
+def test_every_command_on_a_vm_depends_on_that_vms_readiness(offline_run):
+    ready_by_host = {}
+    for reg in offline_run.of_type(COMMAND):
+        if reg.name.endswith("-ready"):
+            vm_name = reg.name.removesuffix("-ready")
+            assert host_of(reg) == NODES[vm_name]  # the configured static IP, not a vCenter report
+            assert offline_run.depends_on(reg.name, vm_name)
+            ready_by_host[host_of(reg)] = reg.name
+    assert len(ready_by_host) == 7
+    for reg in offline_run.of_type(COMMAND):
+        if not reg.name.endswith("-ready"):
+            assert offline_run.depends_on(reg.name, ready_by_host[host_of(reg)]), reg.name
+
+
+def test_commands_connect_to_static_ips_with_unlimited_dial_retries(offline_run):
+    for reg in offline_run.of_type(COMMAND):
+        connection = reg.plain_inputs["connection"]
+        assert connection["host"] in NODES.values()
+        assert connection["user"] == "labs"
+        assert connection["dialErrorLimit"] == -1
+        assert "connection" in reg.secret_input_keys  # the private key is inside
+
+
+# --------------------------------------------------------------------------- balancers
+
+
+def test_balancer_setup_after_readiness_with_secret_password(offline_run):
+    for name in ("labs-k8s-lb01", "labs-k8s-lb02"):
+        setup = offline_run.by_name(f"{name}-lb-setup")
+        assert offline_run.depends_on(setup.name, f"{name}-ready")
+        assert offline_run.depends_on(setup.name, "vrrp-password")
+        assert "stdin" in setup.secret_input_keys
+        assert set(setup.additional_secret_outputs) >= {"stdout", "stderr"}
+        assert setup.plain_inputs["logging"] == "none"
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+def test_prepare_runs_on_every_kubernetes_node_in_parallel(offline_run):
+    prepares = [r.name for r in offline_run.of_type(COMMAND) if r.name.endswith("-prepare")]
+    assert sorted(prepares) == sorted(f"{n}-prepare" for n in NODES if "-lb" not in n)
+    for a in prepares:
+        for b in prepares:
+            assert a == b or not offline_run.depends_on(a, b)
+
+
+def test_init_depends_on_balancers_and_m01_preparation(offline_run):
+    init = "labs-k8s-m01-kubeadm-init"
+    assert host_of(offline_run.by_name(init)) == "10.3.60.51"
+    for dependency in ("labs-k8s-m01-prepare", "labs-k8s-lb01-lb-setup", "labs-k8s-lb02-lb-setup"):
+        assert offline_run.depends_on(init, dependency)
+
+
+def test_control_plane_joins_are_serialized(offline_run):
+    assert offline_run.depends_on("labs-k8s-m02-kubeadm-join", "labs-k8s-m01-kubeadm-init")
+    assert offline_run.depends_on("labs-k8s-m03-kubeadm-join", "labs-k8s-m02-kubeadm-join")
+    assert offline_run.depends_on("labs-k8s-m03-kubeadm-join", "labs-k8s-m03-prepare")
+    assert not offline_run.depends_on("labs-k8s-m02-kubeadm-join", "labs-k8s-m03-kubeadm-join")
+    # Fresh join material right before each join, from its own refresh step on m01.
+    assert offline_run.depends_on("labs-k8s-m03-refresh-join-material", "labs-k8s-m02-kubeadm-join")
+    assert host_of(offline_run.by_name("labs-k8s-m03-refresh-join-material")) == "10.3.60.51"
+
+
+def test_worker_joins_depend_on_init_not_on_each_other(offline_run):
+    for worker in ("labs-k8s-w01", "labs-k8s-w02"):
+        join = f"{worker}-kubeadm-join"
+        assert offline_run.depends_on(join, "labs-k8s-m01-kubeadm-init")
+        assert offline_run.depends_on(join, f"{worker}-refresh-join-material")
+        assert not offline_run.depends_on(join, "labs-k8s-m02-kubeadm-join")
+    assert not offline_run.depends_on("labs-k8s-w01-kubeadm-join", "labs-k8s-w02-kubeadm-join")
+    assert not offline_run.depends_on("labs-k8s-w02-kubeadm-join", "labs-k8s-w01-kubeadm-join")
+
+
+def test_flannel_and_verify(offline_run):
+    assert offline_run.depends_on("labs-k8s-m01-flannel", "labs-k8s-m01-kubeadm-init")
+    for join in ("m02", "m03", "w01", "w02"):
+        assert offline_run.depends_on("labs-k8s-m01-verify-cluster", f"labs-k8s-{join}-kubeadm-join")
+    assert offline_run.depends_on("labs-k8s-m01-verify-cluster", "labs-k8s-m01-flannel")
+
+
+def test_joins_take_no_data_from_init_output(offline_run):
+    init = offline_run.by_name("labs-k8s-m01-kubeadm-init").urn
+    for reg in offline_run.of_type(COMMAND):
+        if reg.name.endswith("-kubeadm-join"):
+            for prop, urns in reg.property_dependencies.items():
+                assert init not in urns, f"{reg.name}.{prop} reads init's output"
+
+
+def test_secret_bearing_steps_are_secret_and_quiet(offline_run):
+    for reg in offline_run.of_type(COMMAND):
+        name = reg.name
+        if any(s in name for s in ("kubeadm-init", "kubeadm-join", "refresh-join", "lb-setup")):
+            assert "stdin" in reg.secret_input_keys, name  # token, certificate key or VRRP password inside
+        if any(s in name for s in ("kubeadm-init", "kubeadm-join", "refresh-join", "kubeconfig", "lb-setup")):
+            assert set(reg.additional_secret_outputs) >= {"stdout", "stderr"}, name
+            assert reg.plain_inputs["logging"] == "none", name
+            assert "sudo" in reg.plain_inputs["create"] and "." not in reg.plain_inputs["create"].split()[-1]
+    for name in ("bootstrap-token-id", "bootstrap-token-secret"):
+        reg = offline_run.by_name(name)
+        assert reg.plain_inputs["special"] is False and reg.plain_inputs["upper"] is False
+    assert set(offline_run.by_name("certificate-key").additional_secret_outputs) >= {"hex"}
+
+
+def test_drain_steps_guard_worker_removal_and_full_teardown(offline_run):
+    for worker in ("labs-k8s-w01", "labs-k8s-w02"):
+        drain = offline_run.by_name(f"{worker}-drain-on-removal")
+        assert offline_run.depends_on(drain.name, f"{worker}-kubeadm-join")  # removed before the VM goes
+        assert host_of(drain) == "10.3.60.51"
+        assert worker in drain.plain_inputs["delete"]
+        # Replacing it would run its delete (a drain) against a live worker.
+        assert {"stdin", "triggers"} <= set(drain.ignore_changes)
+        assert offline_run.depends_on("teardown-guard", drain.name)  # deleted first on destroy
+    assert "teardown" in offline_run.by_name("teardown-guard").plain_inputs["delete"]
