@@ -8,14 +8,23 @@
 # (golang-github-vmware-govmomi-dev) but not vcsim/main.go, which lives in the
 # source package's orig tarball, so we fetch that with `apt-get source`.
 #
+# One local change is made before compiling (see patch_drs_enabled below):
+# vcsim 0.24's ReconfigureComputeResource_Task ignores drsConfig.enabled, so a
+# test could never turn DRS off; later govmomi releases apply it, we backport
+# that behaviour with our own few lines.
+#
 # Idempotent: the binary is cached at $REPO/.cache/vcsim/vcsim (.cache is
-# gitignored); when it is present and runs, nothing is rebuilt.
+# gitignored) with a stamp of the build recipe beside it; when both are present
+# and the binary runs, nothing is rebuilt.
 # Env: VCSIM_REBUILD=1 forces a rebuild.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE_DIR="$REPO/.cache/vcsim"
 BIN="$CACHE_DIR/vcsim"
+STAMP="$CACHE_DIR/vcsim.recipe"
+# Bump when the build recipe (packages, local change) changes so caches are rebuilt.
+RECIPE="govmomi-0.24.2 debian-bookworm drs-enabled-patch v1"
 SRC_PKG="golang-github-vmware-govmomi"
 APT_PKGS=(golang-go golang-github-vmware-govmomi-dev dpkg-dev)
 DEB_SRC_FILE="/etc/apt/sources.list.d/labs-k8s-deb-src.sources"
@@ -24,14 +33,42 @@ DEB_SOURCES="/etc/apt/sources.list.d/debian.sources"
 log() { printf 'build_vcsim: %s\n' "$*" >&2; }
 
 # A cached binary that still starts is good enough: vcsim prints its usage on
-# -h and exits 2, so only "exec format error"/missing libs would fail here.
-if [[ -x "$BIN" && "${VCSIM_REBUILD:-0}" != "1" ]]; then
+# -h and exits 0 (2 with older Go), so only a broken binary fails here.
+if [[ -x "$BIN" && "${VCSIM_REBUILD:-0}" != "1" ]] &&
+    [[ "$(cat "$STAMP" 2>/dev/null || true)" == "$RECIPE" ]]; then
     if "$BIN" -h >/dev/null 2>&1 || [[ $? -eq 2 ]]; then
         printf '%s\n' "$BIN"
         exit 0
     fi
     log "cached $BIN does not run; rebuilding"
 fi
+
+# Backport: make ReconfigureComputeResource_Task honour drsConfig.enabled.
+# Written as a new file in the simulator package plus one line in the list of
+# config updaters, and checked, so a changed upstream layout fails loudly.
+patch_drs_enabled() {
+    local sim="$1/simulator"
+    cat >"$sim/labs_k8s_drs_enabled.go" <<'GO'
+package simulator
+
+import "github.com/vmware/govmomi/vim25/types"
+
+// updateDrsEnabled applies spec.drsConfig.enabled, which vcsim 0.24 dropped.
+// Added by labs-k8s tests/tools/build_vcsim.sh (not part of govmomi 0.24.2).
+func (c *ClusterComputeResource) updateDrsEnabled(cfg *types.ClusterConfigInfoEx, cspec *types.ClusterConfigSpecEx) types.BaseMethodFault {
+	if cspec.DrsConfig != nil && cspec.DrsConfig.Enabled != nil {
+		cfg.DrsConfig.Enabled = cspec.DrsConfig.Enabled
+	}
+	return nil
+}
+GO
+    sed -i 's/^\([[:space:]]*\)c\.updateOverridesDRS,$/&\n\1c.updateDrsEnabled,/' \
+        "$sim/cluster_compute_resource.go"
+    if ! grep -q 'c\.updateDrsEnabled,' "$sim/cluster_compute_resource.go"; then
+        log "could not hook updateDrsEnabled into cluster_compute_resource.go"
+        exit 1
+    fi
+}
 
 start_s=$SECONDS
 
@@ -46,7 +83,9 @@ done
 # own debian.sources: we write a separate file that mirrors its `Types: deb`
 # stanzas as `Types: deb-src` (same URIs, suites, components, keyring).
 have_deb_src() {
-    grep -rqsE '^(Types:.*deb-src|deb-src )' /etc/apt/sources.list /etc/apt/sources.list.d/
+    # Only files apt reads (*.list, *.sources); "*.disabled" leftovers do not count.
+    grep -rqsE --include='*.list' --include='*.sources' '^(Types:.*deb-src|deb-src )' \
+        /etc/apt/sources.list /etc/apt/sources.list.d/
 }
 
 if [[ $EUID -eq 0 ]]; then
@@ -93,15 +132,25 @@ else
 fi
 
 WORK="$(mktemp -d)"
-# apt-get source downloads as the _apt user, which needs to enter the dir.
-chmod 755 "$WORK"
 trap 'rm -rf "$WORK"' EXIT
+# apt-get source downloads as the unprivileged _apt user (when root), which
+# must be able to write where it downloads, or apt warns and falls back.
+chmod 755 "$WORK"
+mkdir "$WORK/apt"
+if [[ $EUID -eq 0 ]] && id _apt >/dev/null 2>&1; then
+    chown _apt "$WORK/apt"
+fi
 
 log "fetching source package $SRC_PKG"
-# apt-get source runs dpkg-source -x, which applies Debian's patches; run it
-# unprivileged-safe in our temp dir and quietly.
-(cd "$WORK" && apt-get source -qq "$SRC_PKG" >&2)
-src_dir="$(find "$WORK" -mindepth 1 -maxdepth 1 -type d -name "${SRC_PKG}-*" | head -n1)"
+# apt-get source runs dpkg-source -x, which applies Debian's own patches.
+if ! (cd "$WORK/apt" && apt-get source -qq "$SRC_PKG" >&2); then
+    # A deb-src entry someone added without `apt-get update` has no index yet.
+    [[ $EUID -eq 0 ]] || exit 1
+    log "apt-get source failed; refreshing the package lists and retrying once"
+    apt-get update -qq >&2
+    (cd "$WORK/apt" && apt-get source -qq "$SRC_PKG" >&2)
+fi
+src_dir="$(find "$WORK/apt" -mindepth 1 -maxdepth 1 -type d -name "${SRC_PKG}-*" | head -n1)"
 if [[ -z "$src_dir" || ! -f "$src_dir/vcsim/main.go" ]]; then
     log "vcsim/main.go not found in the unpacked $SRC_PKG source"
     exit 1
@@ -114,16 +163,18 @@ fi
 gopath="$WORK/gopath"
 mkdir -p "$gopath/src/github.com/vmware"
 mv "$src_dir" "$gopath/src/github.com/vmware/govmomi"
+patch_drs_enabled "$gopath/src/github.com/vmware/govmomi"
 mkdir -p "$CACHE_DIR"
 
 log "compiling vcsim (GOPATH mode, offline)"
 (
     cd "$gopath/src/github.com/vmware/govmomi/vcsim"
-    GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$gopath:/usr/share/gocode" \
+    GO111MODULE=off GOPROXY=off GOFLAGS='' GOPATH="$gopath:/usr/share/gocode" \
         GOCACHE="$WORK/gocache" CGO_ENABLED=0 \
         go build -o "$BIN.tmp" .
 )
 mv "$BIN.tmp" "$BIN"
+printf '%s\n' "$RECIPE" >"$STAMP"
 
 log "built $BIN in $((SECONDS - start_s))s ($(go version))"
 printf '%s\n' "$BIN"
