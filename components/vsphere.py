@@ -392,6 +392,12 @@ def find_vm(si: vim.ServiceInstance, name: str, datacenter: vim.Datacenter | Non
     return matches[0] if matches else None
 
 
+def find_vm_by_uuid(si: vim.ServiceInstance, uuid: str) -> vim.VirtualMachine | None:
+    """The VM or template whose BIOS UUID (config.uuid, see template_uuid) is ``uuid``."""
+    index = si.RetrieveContent().searchIndex
+    return index.FindByUuid(datacenter=None, uuid=uuid, vmSearch=True, instanceUuid=False)
+
+
 def get_vm(si: vim.ServiceInstance, name: str, datacenter: vim.Datacenter | None = None) -> vim.VirtualMachine:
     """Like find_vm, but a missing VM is a NotFoundError."""
     vm = find_vm(si, name, datacenter)

@@ -335,15 +335,26 @@ def test_golden_template_lifecycle(si: vim.ServiceInstance, vcsim: Vcsim) -> Non
     vs.mark_as_template(vm)  # idempotent
     assert vs.verify_template_hardware(vm) == []
     uuid = vs.template_uuid(vm)
-    found = si.RetrieveContent().searchIndex.FindByUuid(None, uuid, True, False)
-    assert found == vm
+    assert uuid == vm.config.uuid and uuid != vm.config.instanceUuid
+    assert vs.find_vm_by_uuid(si, uuid) == vm
 
     found_by_name = vs.find_vm(si, built.vm.name)
     assert found_by_name == vm
     vs.destroy_vm(vm)
     assert vs.find_vm(si, "debian12-builder") is None
+    assert vs.find_vm_by_uuid(si, uuid) is None
     with pytest.raises(vs.NotFoundError, match="VM 'debian12-builder' not found"):
         vs.get_vm(si, "debian12-builder")
+
+
+def test_detach_iso_can_remove_the_cdrom(si: vim.ServiceInstance, vcsim: Vcsim) -> None:
+    """The template provider removes the CD-ROM outright; verify must then pass."""
+    vm = vs.create_builder_vm(si, builder_spec(vcsim)).vm
+    assert [d for d in vm.config.hardware.device if isinstance(d, vim.vm.device.VirtualCdrom)]
+    vs.detach_iso(vm, remove_device=True)
+    assert [d for d in vm.config.hardware.device if isinstance(d, vim.vm.device.VirtualCdrom)] == []
+    vs.mark_as_template(vm)
+    assert vs.verify_template_hardware(vm) == []
 
 
 def test_builder_on_dvs_portgroup_with_efi(si: vim.ServiceInstance, vcsim: Vcsim) -> None:
