@@ -1,0 +1,359 @@
+"""The golden template's rendered media: preseed, boot menus, seal bundle, content-addressed name."""
+
+from __future__ import annotations
+
+import base64
+import re
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from components.config import NAMESPACE, LabConfig, load_lab_config
+from components.rendering import CLOUDINIT_DIR
+from components.rendering.template import (
+    EXTRA_PACKAGES,
+    GRUB_CFG_ISO_PATH,
+    ISOLINUX_CFG_ISO_PATH,
+    ISOLINUX_TXT_ISO_PATH,
+    PRESEED_ISO_PATH,
+    SEAL_SCRIPT_ISO_PATH,
+    build_hostname,
+    iso_files,
+    remastered_iso_name,
+    render_boot_menus,
+    render_bundle,
+    render_preseed,
+    render_seal_script,
+    template_files,
+    template_version,
+    template_vm_name,
+)
+from tests.requirements import require_tool
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATE_DIR = CLOUDINIT_DIR / "template"
+EXCLUDE_NICS = "flannel*,cni*,veth*,docker*,cali*,vxlan*,tunl*,kube-ipvs*,cilium*"
+
+
+# --------------------------------------------------------------------------- helpers (also used by test_iso)
+
+
+def fake_public_key() -> str:
+    """A syntactically valid ed25519 public key (never used to log in anywhere)."""
+    key_type = b"ssh-ed25519"
+    blob = struct.pack(">I", len(key_type)) + key_type + struct.pack(">I", 32) + bytes(range(32))
+    return f"ssh-ed25519 {base64.b64encode(blob).decode()} labs-k8s-tests"
+
+
+def make_lab(**overrides: dict[str, Any]) -> LabConfig:
+    """The stack file's `labs-k8s:` config plus a public key; `overrides` merge into top-level keys."""
+    stack = yaml.safe_load((REPO / "Pulumi.labs.yaml").read_text())["config"]
+    raw: dict[str, Any] = {
+        key.split(":", 1)[1]: value for key, value in stack.items() if key.startswith(f"{NAMESPACE}:")
+    }
+    raw["ssh"] = {**raw.get("ssh", {}), "publicKey": fake_public_key()}
+    for key, value in overrides.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return load_lab_config(raw)
+
+
+def parse_preseed(text: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """(owner, question) -> (type, value), joining backslash-continued lines like debconf does."""
+    result: dict[tuple[str, str], tuple[str, str]] = {}
+    logical = ""
+    for line in text.splitlines():
+        if not logical and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.endswith("\\"):
+            logical += line[:-1] + " "
+            continue
+        logical += line
+        owner, question, qtype, *value = logical.split(None, 3)
+        result[(owner, question)] = (qtype, value[0].strip() if value else "")
+        logical = ""
+    assert not logical, "the preseed ends inside a continued line"
+    return result
+
+
+def isolinux_default_append(isolinux_cfg: str, txt_cfg: str) -> tuple[str, str]:
+    """(default label, its append line) of an isolinux config split in isolinux.cfg + txt.cfg."""
+    default = re.search(r"^default\s+(\S+)", isolinux_cfg, re.MULTILINE | re.IGNORECASE)
+    assert default, "isolinux.cfg has no default"
+    labels = re.split(r"^label\s+", txt_cfg, flags=re.MULTILINE | re.IGNORECASE)[1:]
+    by_name = {block.split()[0]: block for block in labels}
+    block = by_name[default.group(1)]
+    append = re.search(r"^\s*append\s+(.*)$", block, re.MULTILINE | re.IGNORECASE)
+    assert append, f"label {default.group(1)} has no append line"
+    return default.group(1), append.group(1)
+
+
+def grub_default_linux(grub_cfg: str) -> tuple[str, str]:
+    """(default entry id, its linux line) of a grub.cfg."""
+    default = re.search(r"^\s*set\s+default=\"?([^\"\s]+)", grub_cfg, re.MULTILINE)
+    assert default, "grub.cfg sets no default"
+    entries = re.findall(r"menuentry\s+'[^']*'\s+--id\s+(\S+)\s*\{(.*?)\n\}", grub_cfg, re.DOTALL)
+    by_id = dict(entries)
+    body = by_id[default.group(1)]
+    linux = re.search(r"^\s*linux\s+(.*)$", body, re.MULTILINE)
+    assert linux, f"menuentry {default.group(1)} has no linux line"
+    kernel, _, args = linux.group(1).partition(" ")
+    assert kernel == "/install.amd/vmlinuz"
+    return default.group(1), args
+
+
+def kernel_args(line: str) -> dict[str, str]:
+    before_separator = line.split(" --- ")[0]
+    return dict(word.partition("=")[::2] for word in before_separator.split())
+
+
+STATIC = {"template": {"buildIp": "10.3.60.60"}}
+EFI = {"template": {"firmware": "efi"}}
+PROXY = {"mirrors": {"aptProxy": "http://apt-cache.labs.local:3142"}}
+VARIANTS = {
+    "dhcp-bios": {},
+    "static-bios": STATIC,
+    "dhcp-efi": EFI,
+    "static-efi-proxy": {"template": {"buildIp": "10.3.60.60", "firmware": "efi"}, **PROXY},
+}
+
+
+# --------------------------------------------------------------------------- preseed
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_preseed_passes_debconf_checkonly(variant: str, tmp_path: Path) -> None:
+    require_tool("debconf-set-selections")
+    preseed = tmp_path / "preseed.cfg"
+    preseed.write_text(render_preseed(make_lab(**VARIANTS[variant])))
+    result = subprocess.run(
+        ["debconf-set-selections", "--checkonly", str(preseed)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+
+
+def test_debconf_checkonly_rejects_a_broken_preseed(tmp_path: Path) -> None:
+    """The check above is worth something: a preseed with a broken line fails it."""
+    require_tool("debconf-set-selections")
+    broken = tmp_path / "broken.cfg"
+    broken.write_text(render_preseed(make_lab()) + "d-i\n")
+    result = subprocess.run(
+        ["debconf-set-selections", "--checkonly", str(broken)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode != 0
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_partitioning_is_one_ext4_root_and_no_swap(variant: str) -> None:
+    cfg = make_lab(**VARIANTS[variant])
+    answers = parse_preseed(render_preseed(cfg))
+    recipe = answers[("d-i", "partman-auto/expert_recipe")][1]
+    assert "swap" not in recipe, recipe
+    assert recipe.count("mountpoint{ / }") == 1
+    assert "filesystem{ ext4 }" in recipe
+    assert answers[("d-i", "partman-auto/method")] == ("string", "regular")
+    assert answers[("d-i", "partman-auto/choose_recipe")] == ("select", recipe.split()[0])
+    # "Go back and add swap?" -> no.
+    assert answers[("d-i", "partman-basicfilesystems/no_swap")] == ("boolean", "false")
+    if cfg.template.firmware == "efi":
+        assert "method{ efi }" in recipe
+        assert answers[("d-i", "partman-partitioning/choose_label")] == ("select", "gpt")
+    else:
+        assert "efi" not in recipe
+        assert answers[("d-i", "partman-partitioning/choose_label")] == ("select", "msdos")
+
+
+def test_preseed_accounts_packages_and_finish() -> None:
+    cfg = make_lab()
+    answers = parse_preseed(render_preseed(cfg))
+    assert answers[("d-i", "passwd/root-login")] == ("boolean", "false")
+    assert answers[("d-i", "passwd/username")] == ("string", cfg.ssh.user)
+    # A locked password: no password can ever log in; no clear-text password anywhere.
+    assert answers[("d-i", "passwd/user-password-crypted")] == ("password", "!")
+    assert ("d-i", "passwd/user-password") not in answers
+    assert ("d-i", "passwd/root-password") not in answers
+    assert answers[("tasksel", "tasksel/first")] == ("multiselect", "standard, ssh-server")
+    included = answers[("d-i", "pkgsel/include")][1].split()
+    assert set(EXTRA_PACKAGES) <= set(included)
+    assert set(included) >= {
+        "open-vm-tools",
+        "cloud-init",
+        "sudo",
+        "curl",
+        "ca-certificates",
+        "gnupg",
+        "systemd-timesyncd",
+    }
+    assert not any("desktop" in p or "gnome" in p or "kde" in p for p in included)
+    assert answers[("d-i", "mirror/http/hostname")] == ("string", "deb.debian.org")
+    assert answers[("d-i", "mirror/protocol")] == ("string", "http")
+    assert answers[("d-i", "mirror/http/proxy")] == ("string", "")
+    assert answers[("d-i", "clock-setup/utc")] == ("boolean", "true")
+    assert answers[("d-i", "time/zone")] == ("string", "UTC")
+    assert answers[("d-i", "clock-setup/ntp")] == ("boolean", "true")
+    assert answers[("d-i", "clock-setup/ntp-server")] == ("string", cfg.network.ntp_servers[0])
+    assert answers[("d-i", "debian-installer/exit/poweroff")] == ("boolean", "true")
+    assert answers[("d-i", "cdrom-detect/eject")] == ("boolean", "false")
+
+
+def test_late_command_copies_and_runs_the_seal_script_from_the_cdrom() -> None:
+    answers = parse_preseed(render_preseed(make_lab()))
+    late = answers[("d-i", "preseed/late_command")][1]
+    steps = [step.strip() for step in late.split("&&")]
+    assert "cp -r /cdrom/labs-k8s /target/usr/local/lib/labs-k8s/template" in steps
+    assert steps[-1] == "in-target bash /usr/local/lib/labs-k8s/template/seal-template.sh /"
+    assert "rm -f /usr/lib/finish-install.d/55netcfg-copy-config" in steps
+    assert "in-target visudo -cf /etc/sudoers.d/labs-k8s" in steps
+    # Every file the late command installs is in the bundle on the ISO.
+    bundle = {path.rsplit("/", 1)[1] for path in render_bundle(make_lab())}
+    for used in re.findall(r"/usr/local/lib/labs-k8s/template/(\S+)", late):
+        assert used in bundle, used
+
+
+def test_preseed_network_dhcp_and_static() -> None:
+    dhcp = parse_preseed(render_preseed(make_lab()))
+    assert dhcp[("d-i", "netcfg/disable_autoconfig")] == ("boolean", "false")
+    assert ("d-i", "netcfg/get_ipaddress") not in dhcp
+    assert dhcp[("d-i", "netcfg/get_hostname")] == ("string", "labs-k8s-debian12")
+    assert dhcp[("d-i", "netcfg/get_domain")] == ("string", "labs.local")
+
+    cfg = make_lab(network={"dnsServers": ["10.3.60.1", "10.3.60.2"]}, **STATIC)
+    static = parse_preseed(render_preseed(cfg))
+    assert static[("d-i", "netcfg/disable_autoconfig")] == ("boolean", "true")
+    assert static[("d-i", "netcfg/get_ipaddress")] == ("string", "10.3.60.60")
+    assert static[("d-i", "netcfg/get_netmask")] == ("string", "255.255.255.0")
+    assert static[("d-i", "netcfg/get_gateway")] == ("string", "10.3.60.1")
+    assert static[("d-i", "netcfg/get_nameservers")] == ("string", "10.3.60.1 10.3.60.2")
+    assert static[("d-i", "netcfg/confirm_static")] == ("boolean", "true")
+
+
+def test_preseed_apt_proxy() -> None:
+    answers = parse_preseed(render_preseed(make_lab(**PROXY)))
+    assert answers[("d-i", "mirror/http/proxy")] == ("string", "http://apt-cache.labs.local:3142")
+
+
+def test_build_hostname_is_a_dns_label() -> None:
+    assert build_hostname(make_lab()) == "labs-k8s-debian12"
+    assert build_hostname(make_lab(template={"name": "Golden_Deb.12"})) == "golden-deb-12"
+
+
+# --------------------------------------------------------------------------- boot menus
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_boot_menus_default_to_the_automatic_install(variant: str) -> None:
+    cfg = make_lab(**VARIANTS[variant])
+    menus = render_boot_menus(cfg)
+    assert set(menus) == {ISOLINUX_CFG_ISO_PATH, ISOLINUX_TXT_ISO_PATH, GRUB_CFG_ISO_PATH}
+
+    label, append = isolinux_default_append(menus[ISOLINUX_CFG_ISO_PATH], menus[ISOLINUX_TXT_ISO_PATH])
+    entry, linux = grub_default_linux(menus[GRUB_CFG_ISO_PATH])
+    assert label == entry == "auto"
+    bios_args, uefi_args = kernel_args(append), kernel_args(linux)
+    bios_args.pop("initrd")
+    assert bios_args == uefi_args
+    for args in (bios_args, uefi_args):
+        assert args["auto"] == "true"
+        assert args["priority"] == "critical"
+        assert args["preseed/file"] == "/cdrom/preseed.cfg"
+        assert args["DEBIAN_FRONTEND"] == "text"
+        assert args["netcfg/choose_interface"] == "auto"
+        if cfg.template.build_ip is None:
+            assert "netcfg/disable_autoconfig" not in args
+        else:
+            assert args["netcfg/disable_autoconfig"] == "true"
+            assert args["netcfg/get_ipaddress"] == str(cfg.template.build_ip)
+            assert args["netcfg/get_gateway"] == str(cfg.network.gateway)
+            assert args["netcfg/get_netmask"] == "255.255.255.0"
+    assert " --- " in append and " --- " in linux
+    # Short timeouts, so the unattended build starts by itself.
+    assert re.search(r"^timeout\s+([1-9]\d?)$", menus[ISOLINUX_CFG_ISO_PATH], re.MULTILINE)
+    assert re.search(r"^set timeout=([1-9])$", menus[GRUB_CFG_ISO_PATH], re.MULTILINE)
+
+
+# --------------------------------------------------------------------------- seal bundle
+
+
+def test_seal_bundle_contents() -> None:
+    cfg = make_lab()
+    bundle = render_bundle(cfg)
+    assert bundle[SEAL_SCRIPT_ISO_PATH] == (TEMPLATE_DIR / "seal-template.sh").read_text()
+    assert render_seal_script(cfg).startswith("#!/usr/bin/env bash\n")
+    datasource = bundle["/labs-k8s/90-labs-k8s-datasource.cfg"]
+    assert yaml.safe_load(datasource) == {"datasource_list": ["VMware", "OVF", "NoCloud", "None"]}
+    assert "datasource_list: [ VMware, OVF, NoCloud, None ]" in datasource
+    tools = bundle["/labs-k8s/tools.conf"]
+    assert re.search(r"^\[guestinfo\]\nexclude-nics=(\S+)$", tools, re.MULTILINE).group(1) == EXCLUDE_NICS
+    unit = bundle["/labs-k8s/labs-k8s-ssh-hostkeys.service"]
+    assert "ExecStart=/usr/bin/ssh-keygen -A" in unit
+    assert re.search(r"^Before=.*\bssh\.service\b", unit, re.MULTILINE)
+    assert bundle["/labs-k8s/sudoers"].strip().endswith(f"{cfg.ssh.user} ALL=(ALL:ALL) NOPASSWD: ALL")
+    assert "NTP=0.debian.pool.ntp.org 1.debian.pool.ntp.org" in bundle["/labs-k8s/timesyncd.conf"]
+    assert "PasswordAuthentication no" in bundle["/labs-k8s/sshd.conf"]
+
+
+def test_seal_script_is_shellcheck_clean() -> None:
+    require_tool("shellcheck")
+    result = subprocess.run(
+        ["shellcheck", "--shell=bash", "--severity=style", str(TEMPLATE_DIR / "seal-template.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout
+
+
+# --------------------------------------------------------------------------- files and naming
+
+
+def test_template_files_for_the_offline_render() -> None:
+    cfg = make_lab()
+    files = template_files(cfg)
+    assert not any(path.startswith("/") for path in files)
+    assert files["preseed.cfg"] == render_preseed(cfg)
+    assert files["labs-k8s/seal-template.sh"] == render_seal_script(cfg)
+    assert {"isolinux/isolinux.cfg", "isolinux/txt.cfg", "boot/grub/grub.cfg"} <= set(files)
+    assert set(iso_files(cfg)) == {f"/{path}" for path in files}
+    assert PRESEED_ISO_PATH in iso_files(cfg)
+
+
+def test_template_name_is_content_addressed() -> None:
+    base = make_lab()
+    version = template_version(base)
+    assert re.fullmatch(r"[0-9a-f]{12}", version)
+    assert template_version(make_lab()) == version, "rendering must be deterministic"
+    assert template_vm_name(base) == f"labs-k8s-debian12-{version}"
+    assert remastered_iso_name(base) == f"labs-k8s-debian12-{version}.iso"
+
+    template_inputs = {
+        "iso checksum": {"template": {"isoSha256": "1" * 64}},
+        "build address": STATIC,
+        "firmware": EFI,
+        "disk size": {"template": {"diskGib": 40}},
+        "ssh user": {"ssh": {"user": "ops"}},
+        "apt proxy": PROXY,
+        "ntp servers": {"network": {"ntpServers": ["ntp.labs.local"]}},
+        "search domain": {"network": {"searchDomain": "lab.example"}},
+    }
+    for what, change in template_inputs.items():
+        assert template_version(make_lab(**change)) != version, f"changing the {what} must make a new template"
+
+    node_inputs = {
+        "worker sizing": {"nodes": {**_nodes(), "workers": {**_nodes()["workers"], "vcpu": 4, "memoryMib": 8192}}},
+        "kubernetes version": {"kubernetes": {"version": "1.35.2"}},
+        "ssh key": {"ssh": {"publicKey": fake_public_key().replace("labs-k8s-tests", "someone-else")}},
+        "load balancer": {"loadBalancer": {"vip": "10.3.60.101"}},
+        "vsphere folder": {"vsphere": {"folder": "elsewhere"}},
+        "build VM size": {"template": {"vcpu": 4, "memoryMib": 4096, "buildTimeoutMinutes": 90}},
+    }
+    for what, change in node_inputs.items():
+        assert template_version(make_lab(**change)) == version, f"the {what} must not rebuild the template"
+
+
+def _nodes() -> dict[str, Any]:
+    stack = yaml.safe_load((REPO / "Pulumi.labs.yaml").read_text())["config"]
+    return stack[f"{NAMESPACE}:nodes"]
