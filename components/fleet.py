@@ -7,6 +7,7 @@ import pulumi_vsphere as vsphere
 from pulumi_command import remote
 
 from components import remote as steps
+from components import vsphere as vsphere_api
 from components.config import LabConfig, Node, Role
 from components.rendering import node as node_rendering
 from components.rendering import read_file
@@ -139,7 +140,11 @@ class NodeFleet(pulumi.ComponentResource):
             clone=vsphere.VirtualMachineCloneArgs(template_uuid=template_uuid),
             # Identity and network through cloud-init's VMware datasource, never guest
             # customization (unreliable on Debian: packer-examples-for-vsphere#815, #848).
-            extra_config=node_rendering.guestinfo_extra_config(lab, node),
+            # The stack tag lets preflight tell this stack's VMs from anyone else's on the next run.
+            extra_config={
+                **node_rendering.guestinfo_extra_config(lab, node),
+                **vsphere_api.stack_tag(pulumi.get_stack()),
+            },
             annotation=ownership_annotation(pulumi.get_stack()),
             # Static IPs: the provider's guest-network waiter would only wait for what we already
             # know (pulumi/pulumi-vsphere#182). Readiness is the cloud-init step below.

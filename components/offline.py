@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import json
 import runpy
@@ -43,7 +44,8 @@ REQUIRED_SECRETS = {"labs-k8s:sshPrivateKey": PLACEHOLDER_PRIVATE_KEY, "vsphere:
 
 @dataclass
 class Registration:
-    """One resource as the engine saw it."""
+    """One resource as the engine saw it. Inputs are decoded on first use: decoding every
+    resource's protobuf eagerly would cost more than evaluating the program itself."""
 
     type: str
     name: str
@@ -51,15 +53,30 @@ class Registration:
     parent: str
     dependencies: list[str]
     property_dependencies: dict[str, list[str]]
-    inputs: dict[str, Any]
-    outputs: dict[str, Any] = field(default_factory=dict)
     custom: bool = True
-    # For tests only, never written out: the inputs with secrets unwrapped, and which were secret.
-    plain_inputs: dict[str, Any] = field(default_factory=dict, repr=False)
-    secret_input_keys: frozenset[str] = frozenset()
     additional_secret_outputs: tuple[str, ...] = ()
     replace_on_changes: tuple[str, ...] = ()
     ignore_changes: tuple[str, ...] = ()
+    wire_inputs: Any = field(default=None, repr=False)
+    wire_outputs: Any = field(default=None, repr=False)
+
+    @functools.cached_property
+    def inputs(self) -> dict[str, Any]:
+        """Inputs with every secret replaced by "[secret]": what plan.json shows."""
+        return _redact(json_format.MessageToDict(self.wire_inputs, preserving_proto_field_name=True))
+
+    @functools.cached_property
+    def outputs(self) -> dict[str, Any]:
+        return _redact(json_format.MessageToDict(self.wire_outputs))
+
+    @functools.cached_property
+    def plain_inputs(self) -> dict[str, Any]:
+        """For tests only, never written out: the inputs with secrets unwrapped."""
+        return _unwrap(rpc.deserialize_properties(self.wire_inputs))
+
+    @functools.cached_property
+    def secret_input_keys(self) -> frozenset[str]:
+        return frozenset(k for k, v in self.inputs.items() if v == SECRET_MARK)
 
 
 def _redact(value: Any) -> Any:
@@ -100,7 +117,6 @@ class RecordingMonitor(MockMonitor):
     def RegisterResource(self, request: Any) -> Any:
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
-            raw_inputs = json_format.MessageToDict(request.object, preserving_proto_field_name=True)
             self.registrations[response.urn] = Registration(
                 type=request.type,
                 name=request.name,
@@ -108,14 +124,12 @@ class RecordingMonitor(MockMonitor):
                 parent=request.parent,
                 dependencies=list(request.dependencies),
                 property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
-                inputs=_redact(raw_inputs),
-                outputs=_redact(json_format.MessageToDict(response.object)),
                 custom=bool(request.custom),
-                plain_inputs=_unwrap(rpc.deserialize_properties(request.object)),
-                secret_input_keys=frozenset(k for k, v in _redact(raw_inputs).items() if v == SECRET_MARK),
                 additional_secret_outputs=tuple(request.additionalSecretOutputs),
                 replace_on_changes=tuple(request.replaceOnChanges),
                 ignore_changes=tuple(request.ignoreChanges),
+                wire_inputs=request.object,
+                wire_outputs=response.object,
             )
         return response
 

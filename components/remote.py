@@ -62,18 +62,25 @@ def run_step(
     """
     step_name = resource_name
 
-    def bundle(values: list[Any]) -> str:
+    def bundle(values: Sequence[Any]) -> str:
         secret_values = values[: len(secrets)]
         arg_values = tuple(str(v) for v in values[len(secrets) :])
         return step_bundle(step_name, files(*secret_values), entrypoint, arg_values)
 
-    stdin = pulumi.Output.all(*secrets, *args).apply(bundle)
-    if secrets:
-        stdin = pulumi.Output.secret(stdin)
+    stdin: pulumi.Input[str]
+    stdin_hash: pulumi.Input[str]
+    if not secrets and all(isinstance(a, str) for a in args):
+        # Known now: no Output machinery (it dominates evaluation time for large labs).
+        stdin = bundle(list(args))
+        stdin_hash = content_hash(stdin)
+    else:
+        stdin = pulumi.Output.all(*secrets, *args).apply(bundle)
+        if secrets:
+            stdin = pulumi.Output.secret(stdin)
+        stdin_hash = stdin.apply(content_hash)
     # The identities of upstream steps and VMs are part of the trigger: a replaced VM re-runs
     # every step after it, in order (each step is guarded, so re-running a done step is a no-op).
     upstream_ids = [r.id for r in depends_on if isinstance(r, pulumi.CustomResource)] if rerun_on_change else []
-    trigger = pulumi.Output.all(stdin, *upstream_ids).apply(lambda parts: content_hash(*map(str, parts)))
     options = pulumi.ResourceOptions(
         parent=parent,
         depends_on=list(depends_on),
@@ -88,7 +95,7 @@ def run_step(
         create=RUN_STEP,
         stdin=stdin,
         delete=delete,
-        triggers=[trigger],
+        triggers=[stdin_hash, *upstream_ids],
         logging=remote.Logging.NONE if handles_secrets else remote.Logging.STDOUT_AND_STDERR,
         opts=options,
     )

@@ -15,7 +15,7 @@ packages=(
   # remote scripts and cloud-config
   shellcheck cloud-init debconf
   # golden template: boot media and a real Debian rootfs for the seal script
-  xorriso isolinux syslinux-common mtools dosfstools debootstrap
+  xorriso isolinux syslinux-common mtools dosfstools debootstrap sudo
   # vcsim, built from Debian's govmomi sources (tests/tools/build_vcsim.sh)
   golang-go golang-github-vmware-govmomi-dev dpkg-dev
 )

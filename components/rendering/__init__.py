@@ -7,6 +7,7 @@ vary, plain files where they do not), so they can be read, linted and tested as 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import shlex
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ _ENV = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
     autoescape=False,
+    # Templates are files of this repo, fixed for a run: no mtime check on every render.
+    auto_reload=False,
 )
 
 
@@ -32,6 +35,7 @@ def render_template(relative_path: str, **context: object) -> str:
     return _ENV.get_template(relative_path).render(**context)
 
 
+@functools.lru_cache(maxsize=256)
 def read_file(relative_path: str) -> str:
     """A file under `cloudinit/` that needs no templating (most scripts)."""
     return (CLOUDINIT_DIR / relative_path).read_text()

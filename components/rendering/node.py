@@ -11,6 +11,7 @@ Pure: config in, text out. No Pulumi and no network in here.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 from dataclasses import dataclass
 
@@ -52,6 +53,19 @@ GUESTINFO_VALUE_LIMIT = 63 * 1024
 
 
 def yaml_scalar(value: object) -> str:
+    """`value` as one YAML scalar that loads back to exactly `value`, quoted only if needed.
+
+    Memoized: the same few hundred values recur for every node, and PyYAML's emitter is slow.
+    """
+    return _yaml_scalar(value) if not isinstance(value, (list, dict)) else _yaml_scalar_uncached(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _yaml_scalar(value: object) -> str:
+    return _yaml_scalar_uncached(value)
+
+
+def _yaml_scalar_uncached(value: object) -> str:
     """`value` as one YAML scalar that loads back to exactly `value`, quoted only if needed.
 
     PyYAML decides the quoting. The value is dumped inside a flow sequence, whose rules for

@@ -43,6 +43,9 @@ EXTRA_PACKAGES = (
     "ca-certificates",
     "gnupg",
     "systemd-timesyncd",
+    # ifupdown applies the clones' `dns-nameservers` (written by cloud-init's ENI renderer) only
+    # through resolvconf; without it clones keep the build's /etc/resolv.conf (docs/cloud-init.md).
+    "resolvconf",
 )
 
 # The seal script's snippets: static files that go into the bundle unchanged.
