@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# join-control-plane.sh sha256:<hex>: join this node as an additional control plane (its
+# own etcd member and API server) through the VIP, unless it already joined.
+#
+# Parameters (params.env): NODE_NAME, VIP, API_PORT, API_WAIT_SECONDS. The bundle carries
+# kubeadm-join.yaml (root-only: bootstrap token and certificate key).
+# stdout: "joined" or "already-joined".
+set -Eeuo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$HERE/lib.sh"
+require_root
+load_params "$HERE"
+: "${NODE_NAME:?}" "${VIP:?}" "${API_PORT:?}" "${API_WAIT_SECONDS:?}"
+join_cluster control-plane "${1:-}"
