@@ -11,7 +11,7 @@ fi
 
 packages=(
   # load balancers, run for real in network namespaces
-  haproxy keepalived iproute2 openssl curl procps psmisc
+  haproxy keepalived iproute2 openssl curl procps psmisc jq
   # remote scripts and cloud-config
   shellcheck cloud-init debconf
   # golden template: boot media and a real Debian rootfs for the seal script

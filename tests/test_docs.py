@@ -1,0 +1,109 @@
+"""The README and docs say what the code does: commands, targets, config keys, links, the graph."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from components.config import LabConfig
+from components.offline import REPO_ROOT
+from components.render_cli import mermaid_graph
+
+DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+
+
+def code_lines(path: Path) -> list[str]:
+    """Lines inside fenced code blocks and inline code spans."""
+    text = path.read_text()
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+    lines = [line for block in blocks for line in block.splitlines()]
+    lines += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    return lines
+
+
+def makefile_targets() -> set[str]:
+    return set(re.findall(r"^([a-z][a-z-]*):", (REPO_ROOT / "Makefile").read_text(), flags=re.M))
+
+
+def test_readme_has_exactly_two_set_up_commands():
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    assert len(block) == 1
+    commands = [line.split("#")[0].strip() for line in block[0].splitlines() if line.strip()]
+    assert commands == ["make up", "make test"]
+
+
+def test_ci_runs_the_readme_test_command():
+    run = (REPO_ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^make test$", run, flags=re.M)
+    assert "CI=true" in run
+
+
+def test_make_up_runs_pulumi_up_on_the_labs_stack():
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert "STACK ?= labs" in makefile
+    assert re.search(r"^up: .*\n\tpulumi up --stack \$\(STACK\)", makefile, flags=re.M)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_make_targets_in_docs_exist(doc):
+    targets = makefile_targets()
+    for line in code_lines(doc):
+        for target in re.findall(r"\bmake ([a-z][a-z-]*)", line):
+            assert target in targets, f"{doc.name}: make {target}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_components_commands_in_docs_parse(doc):
+    for line in code_lines(doc):
+        match = re.search(r"python -m components (\w+)", line)
+        if match:
+            result = subprocess.run(
+                [sys.executable, "-m", "components", match.group(1), "--help"],
+                cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+            )
+            assert result.returncode == 0, f"{doc.name}: {line}: {result.stderr}"
+
+
+def _resolves(path: str) -> bool:
+    model: type = LabConfig
+    for part in path.split("."):
+        part = part.split("[")[0]
+        fields = {(f.validation_alias or name): f for name, f in model.model_fields.items()}
+        fields.update({name: f for name, f in model.model_fields.items()})
+        if part not in fields:
+            return False
+        annotation = fields[part].annotation
+        inner = getattr(annotation, "__args__", None)
+        candidates = [annotation, *(inner or ())]
+        nested = [c for c in candidates if isinstance(c, type) and hasattr(c, "model_fields")]
+        if nested:
+            model = nested[0]
+    return True
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_config_keys_in_docs_exist(doc):
+    text = doc.read_text()
+    for key in re.findall(r"labs-k8s:([a-zA-Z][\w.\[\]]*[\w\]])(?![\w:\[\]])", text):  # not type tokens
+        if key == "sshPrivateKey":
+            continue
+        assert _resolves(key), f"{doc.name}: labs-k8s:{key} is not a config key"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_local_links_resolve(doc):
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text()):
+        assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
+
+
+def test_committed_graph_is_current(offline_run):
+    committed = (REPO_ROOT / "docs" / "graph.mmd").read_text()
+    assert committed == mermaid_graph(offline_run), (
+        "docs/graph.mmd is stale: python -m components render --out render && cp render/graph.mmd docs/"
+    )
