@@ -52,8 +52,10 @@ render: venv
 system-deps:
 	bash scripts/install-test-deps.sh
 
+# On a laptop without root the vcsim tests skip with a reason; under CI=true a failed build fails.
 vcsim: system-deps
-	bash tests/tools/build_vcsim.sh
+	bash tests/tools/build_vcsim.sh >/dev/null || { [ "$${CI:-}" != true ] && \
+	  echo "vcsim could not be built here; its tests will skip (they fail under CI=true)" >&2; }
 
 test: venv-dev system-deps vcsim
 	$(VENV)/bin/ruff check .

@@ -171,6 +171,8 @@ class GoldenTemplate(pulumi.ComponentResource):
                 parent=self,
                 # Kept across lab rebuilds when the config says so (labs-k8s:template.retainOnDestroy).
                 retain_on_delete=lab.template.retain_on_destroy,
+                # The provider echoes its inputs as outputs: keep the password secret there too.
+                additional_secret_outputs=["password"],
                 custom_timeouts=pulumi.CustomTimeouts(create=f"{lab.template.build_timeout_minutes + 30}m"),
             ),
         )

@@ -99,6 +99,7 @@ def test_template_inputs_carry_the_hardware(offline_run):
     assert inputs["firmware"] == "bios"
     assert inputs["name"].startswith("labs-k8s-debian12-")
     assert "password" in template.secret_input_keys
+    assert "password" in template.additional_secret_outputs
 
 
 def test_template_uuid_feeds_every_clone(offline_run):
