@@ -34,8 +34,9 @@ class TemplateBuildProvider(ResourceProvider):
     def _session(self, props: dict[str, Any]) -> Any:
         from components import vsphere
 
+        host, _, port = str(props["server"]).partition(":")
         return vsphere.session(
-            props["server"], props["user"], props["password"], insecure=bool(props["allowUnverifiedSsl"])
+            host, props["user"], props["password"], port=int(port or 443), insecure=bool(props["allowUnverifiedSsl"])
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -76,7 +77,7 @@ class TemplateBuildProvider(ResourceProvider):
             try:
                 vsphere.power_on(builder.vm)
                 # The preseed ends with a power-off once the seal script has run in the target.
-                vsphere.wait_for_power_off(builder.vm, timeout_s=lab.template.build_timeout_minutes * 60)
+                vsphere.wait_for_power_off(builder.vm, timeout_s=float(props["buildTimeoutSeconds"]))
                 vsphere.detach_iso(builder.vm, remove_device=True)
                 vsphere.mark_as_template(builder.vm)
                 self._verify(vsphere, builder.vm, name)
@@ -161,6 +162,7 @@ class GoldenTemplate(pulumi.ComponentResource):
                 "diskGib": lab.template.disk_gib,
                 "eagerlyScrub": True,
                 "thinProvisioned": False,
+                "buildTimeoutSeconds": lab.template.build_timeout_minutes * 60,
                 "lab": lab.model_dump_json(by_alias=True),
                 "server": vcenter.server,
                 "user": vcenter.user,
