@@ -1167,3 +1167,27 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
 def stack_tag(stack: str) -> dict[str, str]:
     """extraConfig entry that marks a VM as owned by ``stack`` (see preflight)."""
     return {STACK_TAG_KEY: stack}
+
+
+# --------------------------------------------------------------------------
+# Drills (components/drills): what a failure drill reads from vCenter
+# --------------------------------------------------------------------------
+
+
+def vm_guest_ips(vm: vim.VirtualMachine) -> set[str]:
+    """Every address VMware Tools reports for the guest (guest.ipAddress and each NIC's).
+
+    A Keepalived VIP is a secondary address on the balancer's NIC, so the balancer
+    holding it reports it here. Tools refresh this every 30 s by default
+    (guestinfo poll-interval), so a VIP move shows up with that much delay at most.
+    A powered-off VM reports nothing on vCenter (vcsim keeps the last values).
+    """
+    guest = vm.guest
+    if guest is None:
+        return set()
+    return _vm_ips({"guest.ipAddress": guest.ipAddress, "guest.net": guest.net})
+
+
+def vm_stack(vm: vim.VirtualMachine) -> str | None:
+    """The stack that tagged ``vm`` (extraConfig STACK_TAG_KEY), or None when untagged."""
+    return _stack_of(vm)
