@@ -1,5 +1,8 @@
 """`python -m components render [--stack labs] --out DIR`: what `pulumi up` would do, offline.
 
+`python -m components drill <scenario> [--stack labs] [--dry-run]`: a failure drill against the
+live lab (components/drills, docs/drills.md).
+
 Runs the real program under Pulumi's mock engine (no vCenter, no network, no Pulumi CLI) and
 writes plan.json, graph.mmd and every file pushed to a machine, one folder per host.
 """
@@ -10,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from components.drills import cli as drill_cli
 from components.render_cli import render
 
 
@@ -19,9 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     render_parser = commands.add_parser("render", help="write plan.json, graph.mmd and every pushed file")
     render_parser.add_argument("--stack", default="labs", help="stack whose Pulumi.<stack>.yaml to read")
     render_parser.add_argument("--out", type=Path, required=True, help="output folder (created)")
+    drill_cli.add_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "render":
         return render(args.stack, args.out)
+    if args.command == "drill":
+        return drill_cli.run(args)
     return 2
 
 
