@@ -235,9 +235,10 @@ class ScenarioResult:
 
 
 def analyse(name: str, records: list[ProbeRecord], samples: list[VipSample], fault_at: float,
-            window_end: float) -> ScenarioResult:
-    """Requests in flight at or started after the fault, up to window_end."""
-    window = [r for r in records if r.end >= fault_at and r.start <= window_end]
+            window_end: float, in_flight: float = 0.1) -> ScenarioResult:
+    """Requests started from `in_flight` s before the fault (the one in flight when it struck)
+    up to window_end. Older requests belong to the period before, even if they end later."""
+    window = [r for r in records if r.start >= fault_at - in_flight and r.start <= window_end]
     failures = [r for r in window if not r.ok]
     if not failures:
         recovered: float | None = 0.0
@@ -592,7 +593,11 @@ class NetnsLab:
         return "\n".join(parts)
 
     def analyse(self, name: str, fault_at: float, window_end: float) -> ScenarioResult:
-        return analyse(name, self.records(), list(self.samples), fault_at, window_end)
+        return analyse(name, self.records(), list(self.samples), fault_at, window_end, self.probe_interval)
+
+    def settle_requests(self) -> None:
+        """Wait until every request started so far has finished (each ends within its timeout)."""
+        time.sleep(self.probe_timeout + 0.2)
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -645,7 +650,7 @@ def _fail_over_and_back(lab: NetnsLab, name: str, inject: Callable[[], Any], res
     restore(token)
     if not lab.wait_steady(timeout=20):
         result.notes.append(f"did not return to lb1 (VIP on {sorted(lab.vip_holders())})")
-    time.sleep(0.5)
+    lab.settle_requests()  # a request broken by the failback may fail only at its timeout
     back = lab.analyse(name + " (failback)", back_at, time.monotonic())
     result.failback_failed = back.failed
     result.failback_after = back.window_end - back_at
@@ -722,6 +727,7 @@ def scenario_apiserver_dead(lab: NetnsLab, key: str = "m01", sig: int = signal.S
     lab.start_apiserver(key)
     if not lab.wait_steady(timeout=20):
         result.notes.append("did not come back UP")
+    lab.settle_requests()
     back = lab.analyse("failback", back_at, time.monotonic())
     result.failback_failed = back.failed
     result.failback_after = time.monotonic() - back_at

@@ -102,8 +102,9 @@ def test_apiserver_killed_leaves_rotation_without_failed_requests(lab: NetnsLab)
     assert result.failed == 0, _explain(lab, result)
     assert any(n.startswith("marked DOWN after") for n in result.notes), _explain(lab, result)
     assert "served by it after DOWN: 0" in result.notes, _explain(lab, result)
-    assert dead not in result.backends, _explain(lab, result)
-    assert set(result.backends) == {n.name for n in lab.cfg.control_planes} - {dead}, _explain(lab, result)
+    # The others carry the load (the stopped one may still finish the request in flight at the stop).
+    assert set(result.backends) - {dead} == {n.name for n in lab.cfg.control_planes} - {dead}, _explain(lab, result)
+    assert result.backends[dead] <= 1, _explain(lab, result)
     assert "did not come back UP" not in result.notes, _explain(lab, result)
 
 
