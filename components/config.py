@@ -204,7 +204,8 @@ class PreflightConfig(_Model):
     enabled: bool = True
     # A DRS rule on a cluster without DRS does nothing: fail by default, or only warn.
     drs_disabled: Literal["fail", "warn"] = "fail"
-    datastore_margin_gib: int = 20
+    # Room kept free on the datastore on top of every eager-zeroed disk and VM swap file.
+    datastore_margin_percent: int = 15
 
 
 @dataclass(frozen=True)

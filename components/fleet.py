@@ -18,9 +18,17 @@ READINESS_TIMEOUT_SECONDS = 900
 ROLE_RULE_NAMES = {Role.BALANCER: "balancers", Role.CONTROL_PLANE: "control-planes", Role.WORKER: "workers"}
 
 
+PROJECT = "labs-k8s"  # Pulumi.yaml's name
+
+
+def anti_affinity_rule_name(stack: str, role: Role) -> str:
+    """Carries the stack name, so two labs in one vSphere cluster do not collide."""
+    return f"{PROJECT}-{stack}-{ROLE_RULE_NAMES[role]}"
+
+
 def ownership_annotation(stack: str) -> str:
     """Written on every VM: preflight tells this stack's VMs from anyone else's by it."""
-    return f"Managed by Pulumi: {pulumi.get_project()}/{stack}. Changes made in vCenter are overwritten."
+    return f"Managed by Pulumi: {PROJECT}/{stack}. Changes made in vCenter are overwritten."
 
 
 class NodeFleet(pulumi.ComponentResource):
@@ -78,10 +86,9 @@ class NodeFleet(pulumi.ComponentResource):
             members = [self.vms[n.name] for n in lab.nodes_of(role)]
             if policy == "off" or len(members) < 2:
                 continue
-            rule_name = f"{pulumi.get_project()}-{pulumi.get_stack()}-{ROLE_RULE_NAMES[role]}"
             self.rules[role] = vsphere.ComputeClusterVmAntiAffinityRule(
                 f"{ROLE_RULE_NAMES[role]}-anti-affinity",
-                name=rule_name,
+                name=anti_affinity_rule_name(pulumi.get_stack(), role),
                 compute_cluster_id=cluster.id,
                 virtual_machine_ids=[vm.id for vm in members],
                 mandatory=policy == "mandatory",

@@ -296,6 +296,10 @@ def run_program(
     try:
         pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor)
         pulumi.runtime.set_all_config(config, secret_keys)
+        # Outputs or RPCs left by earlier code in this process (another run, a test that made an
+        # Output outside any engine) belong to another event loop: waiting for them would hang.
+        pulumi.runtime.settings.SETTINGS.rpc_manager.clear()
+        pulumi.runtime.settings.SETTINGS.outputs.clear()
         # set_mocks made a root stack of its own; the program gets a fresh one, as under the engine,
         # so that its exports are registered as stack outputs.
         pulumi.runtime.settings.ROOT.set(None)

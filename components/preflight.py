@@ -12,7 +12,7 @@ import os
 import pulumi
 
 from components.config import LabConfig, Role
-from components.fleet import ROLE_RULE_NAMES
+from components.fleet import anti_affinity_rule_name
 from components.stack_config import StackInputs
 
 
@@ -21,7 +21,7 @@ def preflight_spec(lab: LabConfig, stack: str) -> object:
 
     rules = tuple(
         vsphere.AntiAffinityRule(
-            name=f"{pulumi.get_project()}-{stack}-{ROLE_RULE_NAMES[role]}",
+            name=anti_affinity_rule_name(stack, role),
             vm_names=tuple(node.name for node in lab.nodes_of(role)),
             mandatory=lab.anti_affinity.for_role(role) == "mandatory",
         )
@@ -49,6 +49,7 @@ def preflight_spec(lab: LabConfig, stack: str) -> object:
         extra_ips=(str(lab.load_balancer.vip),),
         anti_affinity_rules=rules,
         drs_required=lab.preflight.drs_disabled == "fail",
+        free_space_margin=lab.preflight.datastore_margin_percent / 100,
     )
 
 
@@ -72,7 +73,7 @@ def run_preflight(inputs: StackInputs) -> None:
         with vsphere.session(
             credentials.server, credentials.user, _password(), insecure=credentials.allow_unverified_ssl
         ) as si:
-            report = vsphere.preflight(si, preflight_spec(lab, pulumi.get_stack()))
+            report = vsphere.preflight(si, preflight_spec(lab, inputs.stack))
     except vsphere.VSphereError as error:
         raise pulumi.RunError(f"preflight could not check vCenter: {error}") from None
     for warning in report.warnings:

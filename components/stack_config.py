@@ -42,6 +42,7 @@ class StackInputs:
     lab: LabConfig
     ssh_private_key: pulumi.Output[str]
     vcenter: VcenterCredentials
+    stack: str = "labs"
 
 
 def _raw_namespace(config: pulumi.Config) -> dict[str, Any]:
@@ -113,4 +114,5 @@ def read_stack_inputs() -> StackInputs:
             password=password,
             allow_unverified_ssl=insecure.strip().lower() in ("true", "1", "yes"),
         ),
+        stack=pulumi.get_stack(),
     )

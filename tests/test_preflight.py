@@ -1,0 +1,162 @@
+"""Preflight glue (components/preflight.py): the lab config turned into checks against a real vcsim.
+
+vcsim does not enforce DRS rules; these tests check what preflight computes and reports
+(hosts vs mandatory rule sizes, missing objects), not real placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pulumi
+import pytest
+from pyVmomi import vim
+
+from components import vsphere as vs
+from components.config import LabConfig
+from components.preflight import preflight_spec, run_preflight
+from components.stack_config import StackInputs, VcenterCredentials
+
+FOLDER = "labs-k8s"
+
+
+def lab_on(vcsim, lab_config: LabConfig, **placement: str) -> LabConfig:
+    names = {
+        "datacenter": vcsim.datacenter,
+        "compute_cluster": vcsim.cluster,
+        "datastore": vcsim.datastore,
+        "network": vcsim.network,
+        "folder": FOLDER,
+        **placement,
+    }
+    # The committed stack's offline config has preflight off (no vCenter); these tests turn it on.
+    return lab_config.model_copy(
+        update={
+            "vsphere": lab_config.vsphere.model_copy(update=names),
+            "preflight": lab_config.preflight.model_copy(update={"enabled": True}),
+        }
+    )
+
+
+def inputs_for(vcsim, lab: LabConfig, monkeypatch) -> StackInputs:
+    monkeypatch.setenv("VSPHERE_PASSWORD", vcsim.password)
+    # Preflight reads the password from config/env, never these Outputs: plain strings stand in
+    # (a real Output made outside an engine would be left pending on a dead event loop).
+    return StackInputs(
+        lab=lab,
+        ssh_private_key="unused",  # type: ignore[arg-type]
+        vcenter=VcenterCredentials(server=vcsim.host, user=vcsim.user, password="unused",  # type: ignore[arg-type]
+                                   allow_unverified_ssl=True),
+        stack="labs",
+    )
+
+
+@pytest.fixture
+def with_folder(vcsim_factory):
+    def start(**topology: int):
+        sim = vcsim_factory(**topology)
+        with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+            vs.find_datacenter(si, sim.datacenter).vmFolder.CreateFolder(FOLDER)
+        return sim
+
+    return start
+
+
+@pytest.fixture
+def port_patch(monkeypatch) -> Iterator[None]:
+    """vcsim listens on a random port; preflight connects to the default one."""
+    session = vs.session
+
+    def on_port(port: int):
+        monkeypatch.setattr(vs, "session", lambda *a, **k: session(*a, **{**k, "port": port}))
+
+    yield on_port
+
+
+def test_spec_carries_rules_vms_and_the_vip(lab_config):
+    spec = preflight_spec(lab_config, "labs")
+    rules = {r.name: r for r in spec.anti_affinity_rules}
+    assert set(rules) == {"labs-k8s-labs-control-planes", "labs-k8s-labs-balancers", "labs-k8s-labs-workers"}
+    assert rules["labs-k8s-labs-control-planes"].mandatory is True
+    assert rules["labs-k8s-labs-workers"].mandatory is False
+    assert len(rules["labs-k8s-labs-control-planes"].vm_names) == 3
+    assert {vm.name for vm in spec.vms} == {n.name for n in lab_config.all_nodes}
+    assert spec.extra_ips == ("10.3.60.100",)
+    m01 = next(vm for vm in spec.vms if vm.name == "labs-k8s-m01")
+    assert m01.disk_gib == (lab_config.template.disk_gib, 20)
+
+
+def small_disks(lab: LabConfig) -> LabConfig:
+    """vcsim's datastore reports this machine's free disk; keep the lab well inside it."""
+    nodes = lab.nodes.model_copy(
+        update={role: getattr(lab.nodes, role).model_copy(update={"data_disk_gib": 1})
+                for role in ("control_planes", "workers")}
+    )
+    return lab.model_copy(update={"nodes": nodes, "template": lab.template.model_copy(update={"disk_gib": 1})})
+
+
+def test_too_small_datastore_fails(with_folder, lab_config, monkeypatch, port_patch):
+    sim = with_folder(hosts=3)
+    port_patch(sim.port)
+    huge = lab_config.template.model_copy(update={"disk_gib": 10_000_000})
+    with pytest.raises(pulumi.RunError, match=r"\[datastore\].*eager-zeroed"):
+        run_preflight(inputs_for(sim, lab_on(sim, lab_config.model_copy(update={"template": huge})), monkeypatch))
+
+
+def test_three_host_cluster_passes(with_folder, lab_config, monkeypatch, port_patch):
+    sim = with_folder(hosts=3)
+    port_patch(sim.port)
+    lab_config = small_disks(lab_config)
+    connected = []
+    session = vs.session
+    monkeypatch.setattr(vs, "session", lambda *a, **k: connected.append(a) or session(*a, **k))
+    run_preflight(inputs_for(sim, lab_on(sim, lab_config), monkeypatch))  # raises on any error
+    assert connected, "preflight did not talk to vcsim"
+
+
+def test_two_hosts_fail_the_mandatory_control_plane_rule(with_folder, lab_config, monkeypatch, port_patch):
+    sim = with_folder(hosts=2)
+    port_patch(sim.port)
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab_on(sim, small_disks(lab_config)), monkeypatch))
+    message = str(caught.value)
+    assert "Nothing was created" in message
+    assert "[hosts]" in message and "labs-k8s-labs-control-planes" in message
+
+
+def test_missing_network_is_named(with_folder, lab_config, monkeypatch, port_patch):
+    sim = with_folder(hosts=3)
+    port_patch(sim.port)
+    with pytest.raises(pulumi.RunError, match="k8s-net"):
+        run_preflight(inputs_for(sim, lab_on(sim, lab_config, network="k8s-net"), monkeypatch))
+
+
+def test_preflight_can_be_switched_off(lab_config, monkeypatch):
+    off = lab_config.model_copy(update={"preflight": lab_config.preflight.model_copy(update={"enabled": False})})
+
+    def no_vcenter(*args, **kwargs):
+        raise AssertionError("preflight off must not connect")
+
+    monkeypatch.setattr(vs, "session", no_vcenter)
+    run_preflight(StackInputs(lab=off, ssh_private_key="x",  # type: ignore[arg-type]
+                              vcenter=VcenterCredentials("h", "u", "p", False)))  # type: ignore[arg-type]
+
+
+def test_our_own_vms_are_not_collisions(with_folder, lab_config, monkeypatch, port_patch):
+    sim = with_folder(hosts=3)
+    port_patch(sim.port)
+    lab = lab_on(sim, small_disks(lab_config))
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        pool = vs.find_cluster(si, dc, sim.cluster).resourcePool
+        for name, stack in (("labs-k8s-w01", "labs"), ("labs-k8s-w02", "someone-else")):
+            spec = vim.vm.ConfigSpec(
+                name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
+                extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in vs.stack_tag(stack).items()],
+            )
+            vs.wait_for_task(dc.vmFolder.CreateVM_Task(config=spec, pool=pool), f"create {name}")
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab, monkeypatch))
+    assert "labs-k8s-w02" in str(caught.value)
+    assert "labs-k8s-w01" not in str(caught.value)
