@@ -226,16 +226,25 @@ def source_iso_name(url: str) -> str:
     return name
 
 
-def prepare_template_iso(cfg: LabConfig, cache_dir: Path) -> Path:
-    """Download (once, verified) and remaster (once per template version); return the remastered ISO."""
+def build_install_media(url: str, sha256: str, files: Mapping[str, str | bytes], name: str, cache_dir: Path) -> Path:
+    """Download the source ISO (once, verified) and remaster it with `files` (once per `name`).
+
+    `name` is the remastered ISO's file name; it carries the template's content hash, so a
+    cached file with that name always has exactly these contents.
+    """
     cache_dir = Path(cache_dir)
-    source = download_iso(
-        cfg.template.iso_url, cfg.template.iso_sha256, cache_dir / source_iso_name(cfg.template.iso_url)
-    )
-    dest = cache_dir / remastered_iso_name(cfg)
+    source = download_iso(url, sha256, cache_dir / source_iso_name(url))
+    dest = cache_dir / name
     if not dest.is_file():
-        remaster_iso(source, dest, iso_files(cfg), require=NETINST_PATHS)
+        remaster_iso(source, dest, files, require=NETINST_PATHS)
     return dest
+
+
+def prepare_template_iso(cfg: LabConfig, cache_dir: Path) -> Path:
+    """build_install_media for a lab config: its ISO, its rendered files, its template name."""
+    return build_install_media(
+        cfg.template.iso_url, cfg.template.iso_sha256, iso_files(cfg), remastered_iso_name(cfg), cache_dir
+    )
 
 
 __all__ = [
@@ -243,6 +252,7 @@ __all__ = [
     "IsoChecksumError",
     "IsoError",
     "boot_images",
+    "build_install_media",
     "download_iso",
     "el_torito_report",
     "iso_paths_present",

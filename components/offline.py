@@ -57,6 +57,7 @@ class Registration:
     additional_secret_outputs: tuple[str, ...] = ()
     replace_on_changes: tuple[str, ...] = ()
     ignore_changes: tuple[str, ...] = ()
+    retain_on_delete: bool = False
     wire_inputs: Any = field(default=None, repr=False)
     wire_outputs: Any = field(default=None, repr=False)
 
@@ -128,6 +129,7 @@ class RecordingMonitor(MockMonitor):
                 additional_secret_outputs=tuple(request.additionalSecretOutputs),
                 replace_on_changes=tuple(request.replaceOnChanges),
                 ignore_changes=tuple(request.ignoreChanges),
+                retain_on_delete=bool(request.retainOnDelete),
                 wire_inputs=request.object,
                 wire_outputs=response.object,
             )

@@ -42,7 +42,6 @@ class TemplateBuildProvider(ResourceProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         from components import iso, vsphere
 
-        lab = LabConfig.model_validate_json(props["lab"])
         name = props["name"]
         with self._session(props) as si:
             existing = vsphere.find_vm(si, name)
@@ -53,23 +52,25 @@ class TemplateBuildProvider(ResourceProvider):
             if existing is not None:
                 # A builder VM left by an interrupted build: start over from a clean slate.
                 vsphere.destroy_vm(existing)
-            source = iso.prepare_template_iso(lab, ISO_CACHE)
+            media = iso.build_install_media(
+                props["isoUrl"], props["isoSha256"], props["isoFiles"], f"{name}.iso", ISO_CACHE
+            )
             iso_path = vsphere.upload_to_datastore(
-                si, lab.vsphere.datacenter, lab.vsphere.datastore, f"{ISO_DATASTORE_DIR}/{source.name}", source
+                si, props["datacenter"], props["datastore"], f"{ISO_DATASTORE_DIR}/{media.name}", media
             )
             spec = vsphere.BuilderVmSpec(
                 name=name,
-                datacenter=lab.vsphere.datacenter,
-                cluster=lab.vsphere.compute_cluster,
-                datastore=lab.vsphere.datastore,
-                network=lab.vsphere.network,
+                datacenter=props["datacenter"],
+                cluster=props["cluster"],
+                datastore=props["datastore"],
+                network=props["network"],
                 iso_path=iso_path,
-                folder=lab.vsphere.folder,
-                resource_pool=lab.vsphere.resource_pool,
-                num_cpus=lab.template.vcpu,
-                memory_mib=lab.template.memory_mib,
-                disk_gib=lab.template.disk_gib,
-                firmware=lab.template.firmware,
+                folder=props["folder"],
+                resource_pool=props["resourcePool"],
+                num_cpus=int(props["vcpu"]),
+                memory_mib=int(props["memoryMib"]),
+                disk_gib=int(props["diskGib"]),
+                firmware=props["firmware"],
                 annotation=f"labs-k8s golden template {name}; built by Pulumi stack {props['stack']}",
                 extra_config=vsphere.stack_tag(props["stack"]),
             )
@@ -162,8 +163,13 @@ class GoldenTemplate(pulumi.ComponentResource):
                 "diskGib": lab.template.disk_gib,
                 "eagerlyScrub": True,
                 "thinProvisioned": False,
+                "vcpu": lab.template.vcpu,
+                "memoryMib": lab.template.memory_mib,
                 "buildTimeoutSeconds": lab.template.build_timeout_minutes * 60,
-                "lab": lab.model_dump_json(by_alias=True),
+                # Exactly what goes on the install ISO, so a preview shows it (and nothing about nodes).
+                "isoUrl": lab.template.iso_url,
+                "isoSha256": lab.template.iso_sha256,
+                "isoFiles": template_rendering.iso_files(lab),
                 "server": vcenter.server,
                 "user": vcenter.user,
                 "password": pulumi.Output.secret(vcenter.password),

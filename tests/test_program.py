@@ -102,6 +102,12 @@ def test_template_inputs_carry_the_hardware(offline_run):
     assert "password" in template.additional_secret_outputs
 
 
+def test_template_is_deleted_on_destroy_unless_retained(offline_run, run_with, lab_namespace):
+    assert offline_run.by_name("golden-template").retain_on_delete is False
+    kept = run_with(template=dict(lab_namespace["template"], retainOnDestroy=True))
+    assert kept.by_name("golden-template").retain_on_delete is True
+
+
 def test_template_uuid_feeds_every_clone(offline_run):
     template = offline_run.by_name("golden-template")
     vms = offline_run.of_type(VM)
@@ -162,6 +168,23 @@ def test_worker_count_is_config(run_with, lab_namespace):
     workers[1]["ip"] = "10.3.60.65"  # 10.3.60.56 belongs to lb02
     run = run_with(nodes=lab_namespace["nodes"])
     assert len(run.of_type(VM)) == 2 + 3 + 5
+
+
+def test_adding_a_worker_leaves_the_others_untouched(offline_run, run_with, lab_namespace):
+    """Same inputs for every existing resource but the final verification: nothing else re-runs."""
+    lab_namespace["nodes"]["workers"]["hosts"].append({"name": "labs-k8s-w03", "ip": "10.3.60.57"})
+    grown = run_with(nodes=lab_namespace["nodes"])
+    changed = {
+        reg.name
+        for reg in offline_run.registrations.values()
+        if reg.custom and reg.plain_inputs != grown.by_name(reg.name).plain_inputs
+    }
+    assert changed == {"labs-k8s-m01-verify-cluster", "workers-anti-affinity"}
+    new = {r.name for r in grown.registrations.values()} - {r.name for r in offline_run.registrations.values()}
+    assert new == {
+        "labs-k8s-w03", "labs-k8s-w03-ready", "labs-k8s-w03-prepare", "labs-k8s-w03-refresh-join-material",
+        "labs-k8s-w03-kubeadm-join", "labs-k8s-w03-drain-on-removal",
+    }
 
 
 def test_three_rules_with_exactly_the_right_members(offline_run):

@@ -37,7 +37,7 @@ def si(vcsim) -> Iterator[vim.ServiceInstance]:
 def stand_in_iso(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "labs-k8s-debian12-stand-in.iso"
     path.write_bytes(b"\0" * 4096)
-    monkeypatch.setattr(iso, "prepare_template_iso", lambda cfg, cache_dir: path)
+    monkeypatch.setattr(iso, "build_install_media", lambda url, sha256, files, name, cache_dir: path)
     return path
 
 
@@ -58,7 +58,19 @@ def props_for(vcsim, lab_config: LabConfig, *, timeout_s: float = 30) -> dict[st
     return {
         "name": "labs-k8s-debian12-test",
         "stack": "labs",
-        "lab": lab.model_dump_json(by_alias=True),
+        "datacenter": lab.vsphere.datacenter,
+        "cluster": lab.vsphere.compute_cluster,
+        "datastore": lab.vsphere.datastore,
+        "network": lab.vsphere.network,
+        "folder": lab.vsphere.folder,
+        "resourcePool": None,
+        "firmware": "bios",
+        "vcpu": 1,
+        "memoryMib": 512,
+        "diskGib": 1,
+        "isoUrl": lab.template.iso_url,
+        "isoSha256": lab.template.iso_sha256,
+        "isoFiles": {"/preseed.cfg": "stand-in"},
         "buildTimeoutSeconds": timeout_s,
         "server": f"{vcsim.host}:{vcsim.port}",
         "user": vcsim.user,
@@ -138,8 +150,8 @@ def test_read_reports_a_template_deleted_outside_pulumi(vcsim, si, lab_config, s
 
 
 def test_diff_replaces_only_for_template_inputs():
-    olds = {key: f"old-{key}" for key in REPLACE_KEYS} | {"lab": "{...nodes A...}", "password": "a"}
-    same = TemplateBuildProvider().diff("id", olds, dict(olds, lab="{...nodes B...}", password="b"))
+    olds = {key: f"old-{key}" for key in REPLACE_KEYS} | {"password": "a", "user": "u1"}
+    same = TemplateBuildProvider().diff("id", olds, dict(olds, password="b", user="u2"))
     assert same.changes is False and not same.replaces
     renamed = TemplateBuildProvider().diff("id", olds, dict(olds, name="labs-k8s-debian12-new"))
     assert renamed.changes is True and renamed.replaces == ["name"]
