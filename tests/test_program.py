@@ -331,3 +331,10 @@ def test_drain_steps_guard_worker_removal_and_full_teardown(offline_run):
         assert {"stdin", "triggers"} <= set(drain.ignore_changes)
         assert offline_run.depends_on("teardown-guard", drain.name)  # deleted first on destroy
     assert "teardown" in offline_run.by_name("teardown-guard").plain_inputs["delete"]
+
+
+def test_preview_registers_the_same_graph(offline_run):
+    """`pulumi preview` (dry run: unknown ids and outputs) evaluates the same resources."""
+    preview = run_program("labs", preview=True)
+    assert {r.name for r in preview.registrations.values()} == {r.name for r in offline_run.registrations.values()}
+    assert preview.depends_on("labs-k8s-m03-kubeadm-join", "labs-k8s-m02-kubeadm-join")
