@@ -7,8 +7,6 @@ the lab config into a PreflightSpec and the report into a Pulumi error or warnin
 
 from __future__ import annotations
 
-import os
-
 import pulumi
 
 from components.config import LabConfig, Role
@@ -53,14 +51,6 @@ def preflight_spec(lab: LabConfig, stack: str) -> object:
     )
 
 
-def _password() -> str:
-    # The plain value is needed in-process for pyvmomi; it is never logged or exported.
-    value = pulumi.runtime.config.get_config("vsphere:password") or os.environ.get("VSPHERE_PASSWORD")
-    if not value:
-        raise pulumi.RunError("vsphere:password: not set; pulumi config set --secret vsphere:password")
-    return str(value)
-
-
 def run_preflight(inputs: StackInputs) -> None:
     lab = inputs.lab
     if not lab.preflight.enabled:
@@ -71,7 +61,8 @@ def run_preflight(inputs: StackInputs) -> None:
     credentials = inputs.vcenter
     try:
         with vsphere.session(
-            credentials.server, credentials.user, _password(), insecure=credentials.allow_unverified_ssl
+            credentials.server, credentials.user, credentials.plain_password,
+            insecure=credentials.allow_unverified_ssl,
         ) as si:
             report = vsphere.preflight(si, preflight_spec(lab, inputs.stack))
     except vsphere.VSphereError as error:

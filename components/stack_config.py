@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -29,12 +29,17 @@ SECRET_KEYS = (SSH_PRIVATE_KEY,)
 
 @dataclass(frozen=True)
 class VcenterCredentials:
-    """What pyvmomi (preflight, template build) needs. The password stays an Output secret."""
+    """What pyvmomi (preflight, template build) needs.
+
+    `password` is the secret Output handed to resources. `plain_password` exists only for the
+    in-process preflight before any resource is registered; it is kept out of repr and logs.
+    """
 
     server: str
     user: str
     password: pulumi.Output[str]
     allow_unverified_ssl: bool
+    plain_password: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -89,9 +94,9 @@ def read_stack_inputs() -> StackInputs:
         )
     server = _provider_setting(vsphere, "vsphereServer", "VSPHERE_SERVER")
     user = _provider_setting(vsphere, "user", "VSPHERE_USER")
-    password = vsphere.get_secret("password")
-    if password is None and os.environ.get("VSPHERE_PASSWORD"):
-        password = pulumi.Output.secret(os.environ["VSPHERE_PASSWORD"])
+    # The provider's own precedence: stack config first, then the environment.
+    plain_password = str(pulumi.runtime.config.get_config("vsphere:password") or os.environ.get("VSPHERE_PASSWORD", ""))
+    password = pulumi.Output.secret(plain_password) if plain_password else None
     if not server:
         missing.append("vsphere:vsphereServer: not set; pulumi config set vsphere:vsphereServer <vcenter host>")
     if not user:
@@ -113,6 +118,7 @@ def read_stack_inputs() -> StackInputs:
             user=user,
             password=password,
             allow_unverified_ssl=insecure.strip().lower() in ("true", "1", "yes"),
+            plain_password=plain_password,
         ),
         stack=pulumi.get_stack(),
     )

@@ -39,14 +39,13 @@ def lab_on(vcsim, lab_config: LabConfig, **placement: str) -> LabConfig:
 
 
 def inputs_for(vcsim, lab: LabConfig, monkeypatch) -> StackInputs:
-    monkeypatch.setenv("VSPHERE_PASSWORD", vcsim.password)
     # Preflight reads the password from config/env, never these Outputs: plain strings stand in
     # (a real Output made outside an engine would be left pending on a dead event loop).
     return StackInputs(
         lab=lab,
         ssh_private_key="unused",  # type: ignore[arg-type]
         vcenter=VcenterCredentials(server=vcsim.host, user=vcsim.user, password="unused",  # type: ignore[arg-type]
-                                   allow_unverified_ssl=True),
+                                   allow_unverified_ssl=True, plain_password=vcsim.password),
         stack="labs",
     )
 
@@ -160,3 +159,9 @@ def test_our_own_vms_are_not_collisions(with_folder, lab_config, monkeypatch, po
         run_preflight(inputs_for(sim, lab, monkeypatch))
     assert "labs-k8s-w02" in str(caught.value)
     assert "labs-k8s-w01" not in str(caught.value)
+
+
+def test_plain_password_stays_out_of_reprs():
+    credentials = VcenterCredentials("vc", "u", "out", False, plain_password="hunter2")  # type: ignore[arg-type]
+    inputs = StackInputs(lab=None, ssh_private_key="k", vcenter=credentials)  # type: ignore[arg-type]
+    assert "hunter2" not in repr(credentials) and "hunter2" not in repr(inputs)
