@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.rendering import lb
 from tests import netns_lab
+from tests.labs import make_lab_config
 from tests.netns_lab import NetnsLab, ScenarioResult
 
 WEIGHT = -(lb.MASTER_PRIORITY - lb.BACKUP_PRIORITY + 10)
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print("lb_failover: needs root (it builds network namespaces); run it with sudo", file=sys.stderr)
         return 2
 
-    cfg = netns_lab.load_stack_config()
+    cfg = make_lab_config()
     vrrp = netns_lab.vrrp_bound(cfg)
     fault_bound = netns_lab.haproxy_dead_bound(cfg)
     rows = {

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +9,8 @@ from typing import Any
 import pytest
 
 from components.config import LabConfig
-from components.offline import OfflineRun, lab_config_from_stack, run_program, stack_config
+from components.offline import OfflineRun, lab_config_from_stack, run_program
+from tests.labs import namespace
 
 pytest_plugins = ["tests.vcsim"]
 
@@ -32,10 +31,7 @@ def lab_config() -> LabConfig:
 @pytest.fixture
 def lab_namespace() -> dict[str, Any]:
     """The `labs-k8s:` namespace of Pulumi.labs.yaml as plain data, a fresh copy per test."""
-    config, _ = stack_config("labs")
-    namespace = {k.split(":", 1)[1]: v for k, v in config.items() if k.startswith("labs-k8s:")}
-    namespace.pop("sshPrivateKey", None)
-    return copy.deepcopy({k: json.loads(v) if v[:1] in "{[" else v for k, v in namespace.items()})
+    return namespace()
 
 
 @pytest.fixture(scope="session")

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from components.config import LabConfig
 
-REPO = Path(__file__).resolve().parents[1]
 PREFIX = "lk8slb"
 # `lk8slb<pid>_<n>-<host>`: the pid tells whether the run that made it is still alive.
 _TAG_RE = re.compile(rf"^{PREFIX}(\d+)_\d+-")
@@ -56,25 +55,7 @@ _LAB_COUNTER = itertools.count(1)
 APISERVER_PORT = 6443
 TOOLS = ("ip", "haproxy", "keepalived", "openssl", "ss")
 
-# A valid OpenSSH public key (no private half exists anywhere): the config requires one.
-TEST_SSH_PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGBGE9yj/5wj8Q3oDtiy4fV8aTaUN83qRhA8TMwDZuwV labs-k8s-test"
 TEST_VRRP_PASSWORD = "labsk8sVRRPsecret"
-
-
-def stack_config_raw(stack_file: Path = REPO / "Pulumi.labs.yaml") -> dict[str, Any]:
-    """The `labs-k8s:` keys of a stack file, plus the ssh.publicKey a machine would set."""
-    import yaml
-
-    config = yaml.safe_load(stack_file.read_text())["config"]
-    raw = {key.split(":", 1)[1]: value for key, value in config.items() if key.startswith("labs-k8s:")}
-    raw["ssh"] = {**raw.get("ssh", {}), "publicKey": TEST_SSH_PUBLIC_KEY}
-    return raw
-
-
-def load_stack_config(stack_file: Path = REPO / "Pulumi.labs.yaml") -> LabConfig:
-    from components.config import load_lab_config
-
-    return load_lab_config(stack_config_raw(stack_file))
 
 
 # --------------------------------------------------------------------------- small helpers

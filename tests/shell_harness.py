@@ -18,42 +18,14 @@ script, then asserts on the invocations and on the files under the fake root.
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from components.config import LabConfig, load_lab_config
-
-REPO = Path(__file__).resolve().parents[1]
-
-# A syntactically valid ed25519 public key (type-prefixed blob), for the config validator.
-TEST_SSH_PUBLIC_KEY = (
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl labs@test"
-)
 TEST_TOKEN = "abcdef.0123456789abcdef"
 TEST_CERTIFICATE_KEY = "0f" * 32
-
-
-def lab_raw() -> dict[str, Any]:
-    """The `labs-k8s:` namespace of Pulumi.labs.yaml plus an SSH public key."""
-    config = yaml.safe_load((REPO / "Pulumi.labs.yaml").read_text())["config"]
-    raw = {key.split(":", 1)[1]: value for key, value in config.items() if key.startswith("labs-k8s:")}
-    raw["ssh"] = {**raw.get("ssh", {}), "publicKey": TEST_SSH_PUBLIC_KEY}
-    return raw
-
-
-def make_lab_config(**overrides: Mapping[str, Any]) -> LabConfig:
-    """The stack's lab config; `overrides` merge into top-level keys, e.g. kubernetes={"version": "1.30.4"}."""
-    raw = copy.deepcopy(lab_raw())
-    for key, value in overrides.items():
-        raw[key] = {**raw.get(key, {}), **value}
-    return load_lab_config(raw)
 
 
 # Real tools the scripts may use. Everything else must be a stand-in.

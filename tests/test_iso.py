@@ -45,8 +45,9 @@ from components.rendering.template import (
     render_preseed,
     render_seal_script,
 )
+from tests.labs import make_lab_config
 from tests.requirements import require_tool, unavailable
-from tests.test_template_render import grub_default_linux, isolinux_default_append, kernel_args, make_lab
+from tests.test_template_render import grub_default_linux, isolinux_default_append, kernel_args
 
 ISOLINUX_BIN = Path("/usr/lib/ISOLINUX/isolinux.bin")
 ISOHYBRID_MBR = Path("/usr/lib/ISOLINUX/isohdpfx.bin")
@@ -152,7 +153,7 @@ def test_download_errors_name_the_url(loopback_server: str, tmp_path: Path) -> N
 
 
 def test_source_iso_name() -> None:
-    cfg = make_lab()
+    cfg = make_lab_config()
     assert source_iso_name(cfg.template.iso_url) == "debian-12.12.0-amd64-netinst.iso"
     with pytest.raises(IsoError):
         source_iso_name("https://example.invalid/download?id=3")
@@ -259,7 +260,7 @@ def _system_area(report: str) -> str:
 
 @pytest.fixture(scope="module")
 def remastered(standin_iso: Path) -> tuple[Path, dict[str, str]]:
-    cfg = make_lab(template={"buildIp": "10.3.60.60"})
+    cfg = make_lab_config(template={"buildIp": "10.3.60.60"})
     files = iso_files(cfg)
     dest = standin_iso.parent / "out" / remastered_iso_name(cfg)
     assert remaster_iso(standin_iso, dest, files) == dest
@@ -315,7 +316,7 @@ def test_remaster_boot_records_read_back_with_pycdlib(remastered: tuple[Path, di
 
 def test_remaster_adds_preseed_and_seal_bundle(remastered: tuple[Path, dict[str, str]]) -> None:
     iso, files = remastered
-    cfg = make_lab(template={"buildIp": "10.3.60.60"})
+    cfg = make_lab_config(template={"buildIp": "10.3.60.60"})
     assert read_iso_file(iso, PRESEED_ISO_PATH).decode() == render_preseed(cfg) == files[PRESEED_ISO_PATH]
     assert read_iso_file(iso, SEAL_SCRIPT_ISO_PATH).decode() == render_seal_script(cfg)
     for snippet in ("90-labs-k8s-datasource.cfg", "tools.conf", "labs-k8s-ssh-hostkeys.service", "sudoers"):
@@ -379,7 +380,7 @@ def test_prepare_template_iso_downloads_once_and_names_by_content(
     served = payload[0].parent / standin_iso.name
     shutil.copy(standin_iso, served)
     sha = hashlib.sha256(served.read_bytes()).hexdigest()
-    base = make_lab()
+    base = make_lab_config()
     cfg = base.model_copy(
         update={
             "template": base.template.model_copy(

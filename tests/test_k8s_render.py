@@ -14,8 +14,9 @@ import yaml
 
 from components.config import Role
 from components.rendering import k8s, step_bundle
+from tests.labs import make_lab_config
 from tests.requirements import require_tool
-from tests.shell_harness import TEST_CERTIFICATE_KEY, TEST_TOKEN, make_lab_config
+from tests.shell_harness import TEST_CERTIFICATE_KEY, TEST_TOKEN
 
 # ------------------------------------------------------------------ kubeadm API field lists
 # From the kubeadm configuration API reference (kubeadm-config.v1beta3 / v1beta4), i.e. the

@@ -22,8 +22,9 @@ import pytest
 
 from components.config import LabConfig
 from components.rendering import CLOUDINIT_DIR, k8s, step_bundle
+from tests.labs import make_lab_config
 from tests.requirements import require_tool, unavailable
-from tests.shell_harness import TEST_CERTIFICATE_KEY, TEST_TOKEN, ShellHarness, make_lab_config, modes
+from tests.shell_harness import TEST_CERTIFICATE_KEY, TEST_TOKEN, ShellHarness, modes
 
 K8S_DIR = CLOUDINIT_DIR / "k8s"
 SCRIPTS = sorted(K8S_DIR.glob("*.sh"))
@@ -32,8 +33,8 @@ GIB = 1024**3
 
 
 @pytest.fixture
-def cfg() -> LabConfig:
-    return make_lab_config()
+def cfg(lab_config: LabConfig) -> LabConfig:
+    return lab_config
 
 
 @pytest.fixture

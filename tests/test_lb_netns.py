@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import netns_lab
+from tests.labs import make_lab_config
 from tests.netns_lab import NetnsLab, ScenarioResult
 from tests.requirements import require_root, require_tool
 
@@ -34,7 +35,7 @@ def _require_lab_tools() -> None:
 @pytest.fixture(scope="module")
 def lab() -> Iterator[NetnsLab]:
     _require_lab_tools()
-    with NetnsLab(netns_lab.load_stack_config()) as running:
+    with NetnsLab(make_lab_config()) as running:
         yield running
 
 
@@ -129,7 +130,7 @@ def test_leftovers_of_a_crashed_run_are_cleaned() -> None:
 
 def test_teardown_removes_everything_even_when_the_test_fails() -> None:
     _require_lab_tools()
-    cfg = netns_lab.load_stack_config()
+    cfg = make_lab_config()
     started: list[int] = []
     namespaces: list[str] = []
     with pytest.raises(RuntimeError, match="simulated failure"), NetnsLab(cfg) as running:

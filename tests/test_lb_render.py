@@ -6,7 +6,6 @@ Runtime behaviour (failover) is in test_lb_netns.py.
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import shutil
@@ -21,7 +20,8 @@ import pytest
 
 from components.config import LabConfig, LabConfigError, load_lab_config
 from components.rendering import CLOUDINIT_DIR, STEP_ROOT, lb, step_bundle
-from tests.netns_lab import TEST_VRRP_PASSWORD, ensure_script_user, stack_config_raw
+from tests.labs import namespace
+from tests.netns_lab import TEST_VRRP_PASSWORD, ensure_script_user
 from tests.requirements import require_root, require_tool
 
 LB_DIR = CLOUDINIT_DIR / "lb"
@@ -30,20 +30,15 @@ LB_DIR = CLOUDINIT_DIR / "lb"
 # --------------------------------------------------------------------------- configs
 
 
-def _raw() -> dict[str, Any]:
-    # Until tests/conftest.py provides `lab_config`: Pulumi.labs.yaml's keys + an ssh.publicKey.
-    return copy.deepcopy(stack_config_raw())
-
-
 def _five_control_planes() -> dict[str, Any]:
-    raw = _raw()
+    raw = namespace()
     raw["nodes"]["controlPlanes"]["hosts"] += [{"name": "labs-k8s-m04", "ip": "10.3.60.57"},
                                                {"name": "labs-k8s-m05", "ip": "10.3.60.58"}]
     return raw
 
 
 def _single_balancer() -> dict[str, Any]:
-    raw = _raw()
+    raw = namespace()
     raw["nodes"]["balancers"]["hosts"] = raw["nodes"]["balancers"]["hosts"][:1]
     raw["loadBalancer"]["allowSingleBalancer"] = True
     return raw
@@ -51,7 +46,7 @@ def _single_balancer() -> dict[str, Any]:
 
 def _other_lab() -> dict[str, Any]:
     """Another segment, interface, VRID and advert interval: nothing may be hard-coded."""
-    raw = _raw()
+    raw = namespace()
     raw["network"] = {**raw["network"], "cidr": "192.168.7.0/25", "gateway": "192.168.7.1",
                       "dnsServers": ["192.168.7.1"]}
     for role, base in (("balancers", 10), ("controlPlanes", 20), ("workers", 30)):
@@ -62,7 +57,7 @@ def _other_lab() -> dict[str, Any]:
 
 
 VARIANTS = {
-    "labs": _raw,
+    "labs": namespace,
     "five-control-planes": _five_control_planes,
     "single-balancer": _single_balancer,
     "other-lab": _other_lab,
@@ -75,8 +70,8 @@ def variant(request: pytest.FixtureRequest) -> LabConfig:
 
 
 @pytest.fixture
-def labs() -> LabConfig:
-    return load_lab_config(_raw())
+def labs(lab_config: LabConfig) -> LabConfig:
+    return lab_config
 
 
 @pytest.fixture
@@ -292,7 +287,7 @@ def _problem_keys(raw: dict[str, Any]) -> list[str]:
          "balancer-outside-cidr"],
 )
 def test_broken_inputs_are_rejected_before_rendering(mutate: Any, key: str) -> None:
-    raw = _raw()
+    raw = namespace()
     mutate(raw)
     assert key in _problem_keys(raw)
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from components.config import LabConfig, Node, Role, load_lab_config
+from components.config import LabConfig, Node, Role
 from components.rendering import node as node_rendering
 from components.rendering.node import (
     DATA_DISK_ALIAS,
@@ -37,37 +37,20 @@ from components.rendering.node import (
     render_userdata,
     yaml_scalar,
 )
+from tests.labs import make_lab_config_with, namespace, public_key
 from tests.requirements import require_root, require_tool, unavailable
 
 REPO = Path(__file__).resolve().parents[1]
-STACK_FILE = REPO / "Pulumi.labs.yaml"
 SYSTEM_PYTHON = "/usr/bin/python3"
 CLOUD_INIT_SCHEMA = Path("/usr/lib/python3/dist-packages/cloudinit/config/schemas/schema-cloud-config-v1.json")
 
 
-def _public_key(comment: str = "ops@labs", seed: int = 0) -> str:
-    """A well-formed ssh-ed25519 line (length-prefixed type and 32-byte key), no ssh-keygen needed."""
-    kind = b"ssh-ed25519"
-    body = bytes((seed + i) % 256 for i in range(32))
-    blob = len(kind).to_bytes(4, "big") + kind + len(body).to_bytes(4, "big") + body
-    return f"ssh-ed25519 {base64.b64encode(blob).decode()} {comment}"
-
-
-PUBLIC_KEY = _public_key()
-
-
-def _raw_namespace() -> dict[str, Any]:
-    config = yaml.safe_load(STACK_FILE.read_text())["config"]
-    raw = {key.split(":", 1)[1]: value for key, value in config.items() if key.startswith("labs-k8s:")}
-    raw["ssh"] = {**raw["ssh"], "publicKey": PUBLIC_KEY}
-    return raw
+# Pinned, not the stack's placeholder: the user-data below must carry exactly this key.
+PUBLIC_KEY = public_key()
 
 
 def make_cfg(change: Callable[[dict[str, Any]], None] | None = None) -> LabConfig:
-    raw = _raw_namespace()
-    if change is not None:
-        change(raw)
-    return load_lab_config(raw)
+    return make_lab_config_with(change, ssh={"publicKey": PUBLIC_KEY})
 
 
 def node_named(cfg: LabConfig, name: str) -> Node:
@@ -92,7 +75,7 @@ def cfg() -> LabConfig:
 @pytest.fixture(scope="module")
 def expected() -> dict[str, Any]:
     """What the stack file says, read without the code under test."""
-    raw = _raw_namespace()
+    raw = namespace()
     roles = {"balancers": "balancer", "controlPlanes": "control-plane", "workers": "worker"}
     hosts = {
         host["name"]: {
@@ -252,7 +235,7 @@ def test_a_node_without_data_disk_gets_no_disk_setup(cfg):
 
 def test_awkward_values_stay_values_not_yaml():
     """Quotes, colons, hashes and commas in free-text config must come back unchanged."""
-    key = _public_key(comment="ops: 'night' \"shift\" #1, [x]")
+    key = public_key(comment="ops: 'night' \"shift\" #1, [x]")
     proxy = "http://cache.labs.local:3142/a,b#c"
 
     def awkward(raw):
@@ -342,7 +325,7 @@ def test_instance_id_follows_the_node_content_only(cfg):
     assert instance_id(other, node_named(other, "labs-k8s-w02")) != before["labs-k8s-w02"]
 
     def new_key(raw):
-        raw["ssh"]["publicKey"] = _public_key(seed=7)
+        raw["ssh"]["publicKey"] = public_key(seed=7)
 
     rekeyed = make_cfg(new_key)
     assert all(instance_id(rekeyed, n) != before[n.name] for n in rekeyed.all_nodes)

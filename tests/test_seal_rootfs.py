@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from components.rendering.template import late_commands, template_files
+from tests.labs import make_lab_config
 from tests.requirements import require_root, require_tool
-from tests.test_template_render import make_lab
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO / ".cache" / "seal-rootfs"
@@ -191,14 +191,14 @@ def sealed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # Run 1: the preseed's late_command, as the installer runs it: /cdrom is the remastered ISO's
     # content, /target the rootfs, `in-target X` is `chroot /target X`. Its last step is the seal.
     # Steps that touch only the installer's own environment (no /target) are left out.
-    files = template_files(make_lab())
+    files = template_files(make_lab_config())
     cdrom = tmp_path_factory.mktemp("cdrom")
     for rel, content in files.items():
         (cdrom / rel).parent.mkdir(parents=True, exist_ok=True)
         (cdrom / rel).write_text(content)
     (root / "run/sshd").mkdir(parents=True, exist_ok=True)
     steps: list[tuple[str, subprocess.CompletedProcess[str]]] = []
-    commands = late_commands(make_lab())
+    commands = late_commands(make_lab_config())
     started = time.monotonic()
     for command in commands:
         if command.startswith("in-target "):
@@ -355,7 +355,7 @@ def test_seal_refuses_a_directory_that_is_not_a_debian_root(tmp_path: Path) -> N
     require_tool("bash")
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    for rel, content in template_files(make_lab()).items():
+    for rel, content in template_files(make_lab_config()).items():
         if rel.startswith("labs-k8s/"):
             (bundle / rel.removeprefix("labs-k8s/")).write_text(content)
     victim = tmp_path / "home-directory"

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import re
-import struct
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -12,7 +10,6 @@ from typing import Any
 import pytest
 import yaml
 
-from components.config import NAMESPACE, LabConfig, load_lab_config
 from components.rendering import CLOUDINIT_DIR
 from components.rendering.template import (
     EXTRA_PACKAGES,
@@ -32,33 +29,14 @@ from components.rendering.template import (
     template_version,
     template_vm_name,
 )
+from tests.labs import make_lab_config, namespace, public_key
 from tests.requirements import require_tool
 
-REPO = Path(__file__).resolve().parents[1]
 TEMPLATE_DIR = CLOUDINIT_DIR / "template"
 EXCLUDE_NICS = "flannel*,cni*,veth*,docker*,cali*,vxlan*,tunl*,kube-ipvs*,cilium*"
 
 
 # --------------------------------------------------------------------------- helpers (also used by test_iso)
-
-
-def fake_public_key() -> str:
-    """A syntactically valid ed25519 public key (never used to log in anywhere)."""
-    key_type = b"ssh-ed25519"
-    blob = struct.pack(">I", len(key_type)) + key_type + struct.pack(">I", 32) + bytes(range(32))
-    return f"ssh-ed25519 {base64.b64encode(blob).decode()} labs-k8s-tests"
-
-
-def make_lab(**overrides: dict[str, Any]) -> LabConfig:
-    """The stack file's `labs-k8s:` config plus a public key; `overrides` merge into top-level keys."""
-    stack = yaml.safe_load((REPO / "Pulumi.labs.yaml").read_text())["config"]
-    raw: dict[str, Any] = {
-        key.split(":", 1)[1]: value for key, value in stack.items() if key.startswith(f"{NAMESPACE}:")
-    }
-    raw["ssh"] = {**raw.get("ssh", {}), "publicKey": fake_public_key()}
-    for key, value in overrides.items():
-        raw[key] = {**raw.get(key, {}), **value}
-    return load_lab_config(raw)
 
 
 def parse_preseed(text: str) -> dict[tuple[str, str], tuple[str, str]]:
@@ -128,7 +106,7 @@ VARIANTS = {
 def test_preseed_passes_debconf_checkonly(variant: str, tmp_path: Path) -> None:
     require_tool("debconf-set-selections")
     preseed = tmp_path / "preseed.cfg"
-    preseed.write_text(render_preseed(make_lab(**VARIANTS[variant])))
+    preseed.write_text(render_preseed(make_lab_config(**VARIANTS[variant])))
     result = subprocess.run(
         ["debconf-set-selections", "--checkonly", str(preseed)], capture_output=True, text=True, check=False
     )
@@ -140,7 +118,7 @@ def test_debconf_checkonly_rejects_a_broken_preseed(tmp_path: Path) -> None:
     """The check above is worth something: a preseed with a broken line fails it."""
     require_tool("debconf-set-selections")
     broken = tmp_path / "broken.cfg"
-    broken.write_text(render_preseed(make_lab()) + "d-i\n")
+    broken.write_text(render_preseed(make_lab_config()) + "d-i\n")
     result = subprocess.run(
         ["debconf-set-selections", "--checkonly", str(broken)], capture_output=True, text=True, check=False
     )
@@ -149,7 +127,7 @@ def test_debconf_checkonly_rejects_a_broken_preseed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_partitioning_is_one_ext4_root_and_no_swap(variant: str) -> None:
-    cfg = make_lab(**VARIANTS[variant])
+    cfg = make_lab_config(**VARIANTS[variant])
     answers = parse_preseed(render_preseed(cfg))
     recipe = answers[("d-i", "partman-auto/expert_recipe")][1]
     assert "swap" not in recipe, recipe
@@ -168,7 +146,7 @@ def test_partitioning_is_one_ext4_root_and_no_swap(variant: str) -> None:
 
 
 def test_preseed_accounts_packages_and_finish() -> None:
-    cfg = make_lab()
+    cfg = make_lab_config()
     answers = parse_preseed(render_preseed(cfg))
     assert answers[("d-i", "passwd/root-login")] == ("boolean", "false")
     assert answers[("d-i", "passwd/username")] == ("string", cfg.ssh.user)
@@ -201,7 +179,7 @@ def test_preseed_accounts_packages_and_finish() -> None:
 
 
 def test_late_command_copies_and_runs_the_seal_script_from_the_cdrom() -> None:
-    answers = parse_preseed(render_preseed(make_lab()))
+    answers = parse_preseed(render_preseed(make_lab_config()))
     late = answers[("d-i", "preseed/late_command")][1]
     steps = [step.strip() for step in late.split("&&")]
     assert "cp -r /cdrom/labs-k8s /target/usr/local/lib/labs-k8s/template" in steps
@@ -209,19 +187,19 @@ def test_late_command_copies_and_runs_the_seal_script_from_the_cdrom() -> None:
     assert "rm -f /usr/lib/finish-install.d/55netcfg-copy-config" in steps
     assert "in-target visudo -cf /etc/sudoers.d/labs-k8s" in steps
     # Every file the late command installs is in the bundle on the ISO.
-    bundle = {path.rsplit("/", 1)[1] for path in render_bundle(make_lab())}
+    bundle = {path.rsplit("/", 1)[1] for path in render_bundle(make_lab_config())}
     for used in re.findall(r"/usr/local/lib/labs-k8s/template/(\S+)", late):
         assert used in bundle, used
 
 
 def test_preseed_network_dhcp_and_static() -> None:
-    dhcp = parse_preseed(render_preseed(make_lab()))
+    dhcp = parse_preseed(render_preseed(make_lab_config()))
     assert dhcp[("d-i", "netcfg/disable_autoconfig")] == ("boolean", "false")
     assert ("d-i", "netcfg/get_ipaddress") not in dhcp
     assert dhcp[("d-i", "netcfg/get_hostname")] == ("string", "labs-k8s-debian12")
     assert dhcp[("d-i", "netcfg/get_domain")] == ("string", "labs.local")
 
-    cfg = make_lab(network={"dnsServers": ["10.3.60.1", "10.3.60.2"]}, **STATIC)
+    cfg = make_lab_config(network={"dnsServers": ["10.3.60.1", "10.3.60.2"]}, **STATIC)
     static = parse_preseed(render_preseed(cfg))
     assert static[("d-i", "netcfg/disable_autoconfig")] == ("boolean", "true")
     assert static[("d-i", "netcfg/get_ipaddress")] == ("string", "10.3.60.60")
@@ -232,13 +210,13 @@ def test_preseed_network_dhcp_and_static() -> None:
 
 
 def test_preseed_apt_proxy() -> None:
-    answers = parse_preseed(render_preseed(make_lab(**PROXY)))
+    answers = parse_preseed(render_preseed(make_lab_config(**PROXY)))
     assert answers[("d-i", "mirror/http/proxy")] == ("string", "http://apt-cache.labs.local:3142")
 
 
 def test_build_hostname_is_a_dns_label() -> None:
-    assert build_hostname(make_lab()) == "labs-k8s-debian12"
-    assert build_hostname(make_lab(template={"name": "Golden_Deb.12"})) == "golden-deb-12"
+    assert build_hostname(make_lab_config()) == "labs-k8s-debian12"
+    assert build_hostname(make_lab_config(template={"name": "Golden_Deb.12"})) == "golden-deb-12"
 
 
 # --------------------------------------------------------------------------- boot menus
@@ -246,7 +224,7 @@ def test_build_hostname_is_a_dns_label() -> None:
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_boot_menus_default_to_the_automatic_install(variant: str) -> None:
-    cfg = make_lab(**VARIANTS[variant])
+    cfg = make_lab_config(**VARIANTS[variant])
     menus = render_boot_menus(cfg)
     assert set(menus) == {ISOLINUX_CFG_ISO_PATH, ISOLINUX_TXT_ISO_PATH, GRUB_CFG_ISO_PATH}
 
@@ -279,7 +257,7 @@ def test_boot_menus_default_to_the_automatic_install(variant: str) -> None:
 
 
 def test_seal_bundle_contents() -> None:
-    cfg = make_lab()
+    cfg = make_lab_config()
     bundle = render_bundle(cfg)
     assert bundle[SEAL_SCRIPT_ISO_PATH] == (TEMPLATE_DIR / "seal-template.sh").read_text()
     assert render_seal_script(cfg).startswith("#!/usr/bin/env bash\n")
@@ -311,7 +289,7 @@ def test_seal_script_is_shellcheck_clean() -> None:
 
 
 def test_template_files_for_the_offline_render() -> None:
-    cfg = make_lab()
+    cfg = make_lab_config()
     files = template_files(cfg)
     assert not any(path.startswith("/") for path in files)
     assert files["preseed.cfg"] == render_preseed(cfg)
@@ -322,10 +300,10 @@ def test_template_files_for_the_offline_render() -> None:
 
 
 def test_template_name_is_content_addressed() -> None:
-    base = make_lab()
+    base = make_lab_config()
     version = template_version(base)
     assert re.fullmatch(r"[0-9a-f]{12}", version)
-    assert template_version(make_lab()) == version, "rendering must be deterministic"
+    assert template_version(make_lab_config()) == version, "rendering must be deterministic"
     assert template_vm_name(base) == f"labs-k8s-debian12-{version}"
     assert remastered_iso_name(base) == f"labs-k8s-debian12-{version}.iso"
 
@@ -340,20 +318,19 @@ def test_template_name_is_content_addressed() -> None:
         "search domain": {"network": {"searchDomain": "lab.example"}},
     }
     for what, change in template_inputs.items():
-        assert template_version(make_lab(**change)) != version, f"changing the {what} must make a new template"
+        assert template_version(make_lab_config(**change)) != version, f"changing the {what} must make a new template"
 
     node_inputs = {
         "worker sizing": {"nodes": {**_nodes(), "workers": {**_nodes()["workers"], "vcpu": 4, "memoryMib": 8192}}},
         "kubernetes version": {"kubernetes": {"version": "1.35.2"}},
-        "ssh key": {"ssh": {"publicKey": fake_public_key().replace("labs-k8s-tests", "someone-else")}},
+        "ssh key": {"ssh": {"publicKey": public_key(comment="someone-else")}},
         "load balancer": {"loadBalancer": {"vip": "10.3.60.101"}},
         "vsphere folder": {"vsphere": {"folder": "elsewhere"}},
         "build VM size": {"template": {"vcpu": 4, "memoryMib": 4096, "buildTimeoutMinutes": 90}},
     }
     for what, change in node_inputs.items():
-        assert template_version(make_lab(**change)) == version, f"the {what} must not rebuild the template"
+        assert template_version(make_lab_config(**change)) == version, f"the {what} must not rebuild the template"
 
 
 def _nodes() -> dict[str, Any]:
-    stack = yaml.safe_load((REPO / "Pulumi.labs.yaml").read_text())["config"]
-    return stack[f"{NAMESPACE}:nodes"]
+    return namespace()["nodes"]
