@@ -1,10 +1,11 @@
-"""`python -m components render [--stack labs] --out DIR`: what `pulumi up` would do, offline.
+"""The labs-k8s command line.
+
+`python -m components render [--stack labs] --out DIR`: what `pulumi up` would do, offline. Runs
+the real program under Pulumi's mock engine (no vCenter, no network, no Pulumi CLI) and writes
+plan.json, graph.mmd and every file pushed to a machine, one folder per host.
 
 `python -m components drill <scenario> [--stack labs] [--dry-run]`: a failure drill against the
 live lab (components/drills, docs/drills.md).
-
-Runs the real program under Pulumi's mock engine (no vCenter, no network, no Pulumi CLI) and
-writes plan.json, graph.mmd and every file pushed to a machine, one folder per host.
 """
 
 from __future__ import annotations

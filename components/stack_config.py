@@ -24,7 +24,6 @@ from components.config import (
 )
 
 SSH_PRIVATE_KEY = "sshPrivateKey"
-SECRET_KEYS = (SSH_PRIVATE_KEY,)
 
 
 @dataclass(frozen=True)
