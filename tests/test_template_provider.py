@@ -155,3 +155,25 @@ def test_diff_replaces_only_for_template_inputs():
     assert same.changes is False and not same.replaces
     renamed = TemplateBuildProvider().diff("id", olds, dict(olds, name="labs-k8s-debian12-new"))
     assert renamed.changes is True and renamed.replaces == ["name"]
+
+
+def test_provider_survives_the_dynamic_provider_host():
+    """Pulumi pickles the provider (dill) into the state and unpickles it in another process:
+    the bytes must be stable (else every run shows a diff) and load in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    from pulumi.dynamic.dynamic import serialize_provider
+
+    from components.offline import REPO_ROOT
+
+    first, second = serialize_provider(TemplateBuildProvider()), serialize_provider(TemplateBuildProvider())
+    assert first == second
+    code = (
+        "import base64, sys, dill; p = dill.loads(base64.b64decode(sys.stdin.read())); "
+        "print(type(p).__module__, p.diff('id', {'name': 'a'}, {'name': 'b'}).replaces)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], input=first, cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["components.template", "['name']"]
