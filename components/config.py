@@ -97,6 +97,10 @@ class NetworkConfig(_Model):
     dns_servers: list[ipaddress.IPv4Address] = Field(min_length=1)
     search_domain: str | None = None
     ntp_servers: list[str] = Field(default_factory=lambda: ["0.debian.pool.ntp.org", "1.debian.pool.ntp.org"])
+    # The node NIC's name on every node. cloud-init names the NIC with the node's static MAC
+    # at first boot (set-name), so it no longer depends on the PCI slot vSphere picks
+    # (ens160, ens192, ens224...); Keepalived binds this name.
+    interface: str = "ens192"
 
 
 class TemplateConfig(_Model):
@@ -118,6 +122,8 @@ class TemplateConfig(_Model):
 class NodeConfig(_Model):
     name: str
     ip: ipaddress.IPv4Address
+    # Static MAC of the node's NIC; derived from `ip` when unset (mac_for_ip).
+    mac: str | None = None
 
 
 class RoleConfig(_Model):
@@ -138,8 +144,6 @@ class NodesConfig(_Model):
 class LoadBalancerConfig(_Model):
     vip: ipaddress.IPv4Address
     vrrp_router_id: int = 51
-    # VMXNET3's predictable name on Debian 12 (seed 000); check `ip a` on a clone if yours differs.
-    interface: str = "ens192"
     # VRRP advertisement interval; failover takes about 3 x advert_int.
     advert_int_seconds: int = 1
     # Explicit non-HA opt-in: one balancer, no Keepalived peer.
@@ -208,6 +212,34 @@ class PreflightConfig(_Model):
     datastore_margin_percent: int = 15
 
 
+# VMware's range for manually assigned MACs: 00:50:56:00:00:00-00:50:56:3F:FF:FF. vCenter
+# refuses a static MAC with VMware's OUI outside it (the rest is for generated MACs).
+VMWARE_MANUAL_MAC_PREFIX = "00:50:56"
+VMWARE_MANUAL_MAC_BITS = 22
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+
+
+def mac_for_ip(ip: ipaddress.IPv4Address) -> str:
+    """00:50:56 followed by the low 22 bits of the address: inside VMware's manual range, and
+    different for any two addresses of one network of /10 or longer (a node network always is)."""
+    low = int(ip) & ((1 << VMWARE_MANUAL_MAC_BITS) - 1)
+    return VMWARE_MANUAL_MAC_PREFIX + "".join(f":{b:02x}" for b in low.to_bytes(3, "big"))
+
+
+def normalize_mac(text: str) -> str:
+    """Lowercase, colon-separated (what vSphere and cloud-init compare against)."""
+    return text.strip().lower().replace("-", ":")
+
+
+def mac_problem(mac: str) -> str | None:
+    if not _MAC.match(mac):
+        return f"{mac!r} is not a MAC address; write six hex pairs such as 00:50:56:03:3c:33"
+    if not mac.startswith(VMWARE_MANUAL_MAC_PREFIX + ":") or int(mac[9:11], 16) > 0x3F:
+        return (f"{mac} is outside VMware's range for static MACs, which vCenter enforces; use "
+                "00:50:56:00:00:00-00:50:56:3f:ff:ff, or remove the key to derive one from the IP")
+    return None
+
+
 @dataclass(frozen=True)
 class Node:
     """One VM of the lab with its role and sizing, flattened for the components."""
@@ -218,6 +250,11 @@ class Node:
     vcpu: int
     memory_mib: int
     data_disk_gib: int
+    # The NIC's static MAC; "" derives it from the IP (mac_for_ip).
+    mac: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mac", normalize_mac(self.mac) if self.mac else mac_for_ip(self.ip))
 
 
 class LabConfig(_Model):
@@ -242,7 +279,8 @@ class LabConfig(_Model):
     def nodes_of(self, role: Role) -> list[Node]:
         group = self.role_config(role)
         return [
-            Node(h.name, h.ip, role, group.vcpu, group.memory_mib, group.data_disk_gib) for h in group.hosts
+            Node(h.name, h.ip, role, group.vcpu, group.memory_mib, group.data_disk_gib, h.mac or "")
+            for h in group.hosts
         ]
 
     @property
@@ -356,6 +394,11 @@ def _ssh_key_problem(public_key: str) -> str | None:
     return None
 
 
+# Linux caps names at 15 bytes (IFNAMSIZ - 1); ifupdown and Keepalived want no exotic characters.
+_INTERFACE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,14}$")
+_KERNEL_INTERFACE_NAME = re.compile(r"^(eth|wlan|ib)\d+$|^lo$")
+
+
 def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
     """Whole-lab checks pydantic cannot express. Returns every problem found."""
     problems: list[ConfigProblem] = []
@@ -365,6 +408,7 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
     # Hostnames: DNS labels, unique.
     seen_names: dict[str, str] = {}
     seen_ips: dict[ipaddress.IPv4Address, str] = {}
+    seen_macs: dict[str, str] = {}
     for role, role_key in _ROLE_KEYS.items():
         group = cfg.role_config(role)
         for index, host in enumerate(group.hosts):
@@ -382,7 +426,8 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
                                   "give every VM its own name"))
             else:
                 seen_names[host.name] = f"{NAMESPACE}:{key}.name"
-            if host.ip in seen_ips:
+            duplicate_ip = host.ip in seen_ips
+            if duplicate_ip:
                 add(ConfigProblem(f"{key}.ip", f"{host.ip} is already used by {seen_ips[host.ip]}; "
                                   "give every VM its own address"))
             else:
@@ -395,6 +440,16 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
                                   "pick a usable host address"))
             if host.ip == cfg.network.gateway:
                 add(ConfigProblem(f"{key}.ip", f"{host.ip} is the gateway; pick another address"))
+            mac = normalize_mac(host.mac) if host.mac is not None else mac_for_ip(host.ip)
+            mac_key = f"{key}.mac" if host.mac is not None else f"{key}.ip"
+            if host.mac is not None and (problem := mac_problem(mac)):
+                add(ConfigProblem(mac_key, problem))
+            elif mac in seen_macs and not (duplicate_ip and host.mac is None):  # said once, for the IP
+                source = "" if host.mac is not None else f" (the MAC derived from {host.ip})"
+                add(ConfigProblem(mac_key, f"MAC {mac}{source} is already used by {seen_macs[mac]}; "
+                                  f"set a distinct labs-k8s:{key}.mac in 00:50:56:00:00:00-00:50:56:3f:ff:ff"))
+            else:
+                seen_macs[mac] = f"{NAMESPACE}:{mac_key}"
 
         vcpu_min, mem_min = MINIMUM_SIZES[role]
         if group.vcpu < vcpu_min:
@@ -407,6 +462,15 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
         if group.data_disk_gib < disk_min:
             add(ConfigProblem(f"{role_key}.dataDiskGib", f"{group.data_disk_gib} GiB is below the minimum of "
                               f"{disk_min} GiB for this role's data disk; set at least {disk_min}"))
+
+    # The NIC name cloud-init gives every node (set-name) and Keepalived binds.
+    interface = cfg.network.interface
+    if not _INTERFACE_NAME.match(interface):
+        add(ConfigProblem("network.interface", f"{interface!r} is not a usable interface name: use 1-15 "
+                          "lowercase letters, digits, '-' or '_', starting with a letter (e.g. ens192)"))
+    elif _KERNEL_INTERFACE_NAME.match(interface):
+        add(ConfigProblem("network.interface", f"{interface!r} is in the kernel's own namespace: renaming into it "
+                          "races with the kernel's names (systemd.net-naming-scheme(7)); use e.g. ens192"))
 
     # Gateway and VIP.
     if cfg.network.gateway not in net:
@@ -502,6 +566,31 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
     return problems
 
 
+# Keys that moved: (section, key) -> (new key, why). Named in the error, never silently accepted.
+MOVED_KEYS = {
+    ("loadBalancer", "interface"): (
+        "network.interface",
+        "it now names the NIC of every node (cloud-init sets it by the node's static MAC), not only the balancers'",
+    ),
+}
+
+
+def _moved_key_problems(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[ConfigProblem]]:
+    """The namespace without moved keys, and one problem per moved key that is still used."""
+    problems = []
+    cleaned = dict(raw)
+    for (section, key), (new_key, why) in MOVED_KEYS.items():
+        values = raw.get(section)
+        if isinstance(values, Mapping) and key in values:
+            problems.append(ConfigProblem(
+                f"{section}.{key}",
+                f"moved to {NAMESPACE}:{new_key} ({why}); move the value there "
+                f"(pulumi config set --path {NAMESPACE}:{new_key} {values[key]}) and delete this key",
+            ))
+            cleaned[section] = {k: v for k, v in values.items() if k != key}
+    return cleaned, problems
+
+
 def load_lab_config(raw: Mapping[str, Any]) -> LabConfig:
     """Validate the `labs-k8s:` namespace (a mapping of top-level key to structured value).
 
@@ -512,6 +601,8 @@ def load_lab_config(raw: Mapping[str, Any]) -> LabConfig:
         ConfigProblem(k, f"unknown key; the {NAMESPACE} namespace has: {', '.join(TOP_LEVEL_KEYS)}")
         for k in unknown
     ]
+    raw, moved = _moved_key_problems(raw)
+    problems += moved
     try:
         cfg = LabConfig.model_validate({k: v for k, v in raw.items() if k in TOP_LEVEL_KEYS})
     except ValidationError as error:

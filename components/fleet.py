@@ -141,8 +141,16 @@ class NodeFleet(pulumi.ComponentResource):
             firmware=lab.template.firmware,
             scsi_type="pvscsi",
             enable_disk_uuid=True,
-            network_interfaces=[vsphere.VirtualMachineNetworkInterfaceArgs(network_id=network_id,
-                                                                           adapter_type="vmxnet3")],
+            # A static MAC (VMware's manual range): cloud-init finds the NIC by it and names it
+            # network.interface, whatever PCI slot, and so kernel name, vSphere gives it.
+            network_interfaces=[
+                vsphere.VirtualMachineNetworkInterfaceArgs(
+                    network_id=network_id,
+                    adapter_type="vmxnet3",
+                    use_static_mac=True,
+                    mac_address=node_rendering.node_mac(node),
+                )
+            ],
             disks=disks,
             clone=vsphere.VirtualMachineCloneArgs(template_uuid=template_uuid),
             # Identity and network through cloud-init's VMware datasource, never guest

@@ -3,7 +3,7 @@
 Everything lives in network namespaces this module creates, named `lk8slb<pid>-<host>`, joined
 by a bridge in a namespace of its own; nothing is routed out of them, so the lab's 10.3.60.x
 addresses never leave this machine. The hosts use the rendered lab's own addresses and the
-balancers' interface name (`loadBalancer.interface`), and the balancers run the configs of
+nodes' interface name (`network.interface`), and the balancers run the configs of
 components/rendering/lb.py unchanged but for two paths (stats socket, check script) and the
 pid files given on the command line:
 
@@ -370,7 +370,7 @@ class NetnsLab:
         run("ip", "-n", bridge_ns, "link", "add", "br0", "type", "bridge")
         run("ip", "-n", bridge_ns, "link", "set", "br0", "up")
         plan: list[tuple[str, str, str]] = []
-        plan += [(key, str(node.ip), self.cfg.load_balancer.interface)
+        plan += [(key, str(node.ip), self.cfg.network.interface)
                  for key, node in zip(self.balancer_keys, self.cfg.balancers, strict=True)]
         plan += [(key, str(node.ip), "eth0")
                  for key, node in zip(self.apiserver_keys, self.cfg.control_planes, strict=True)]

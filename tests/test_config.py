@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import pytest
 
-from components.config import LabConfigError, Role, load_lab_config
+from components.config import LabConfigError, Role, load_lab_config, mac_for_ip
 
 
 def problems(namespace: dict[str, Any]) -> dict[str, str]:
@@ -256,3 +257,79 @@ def test_kubeadm_api_version_follows_the_minor(lab_namespace):
     assert load_lab_config(lab_namespace).kubernetes.kubeadm_api_version == "kubeadm.k8s.io/v1beta3"
     lab_namespace["kubernetes"]["version"] = "1.31.0"
     assert load_lab_config(lab_namespace).kubernetes.kubeadm_api_version == "kubeadm.k8s.io/v1beta4"
+
+
+# --------------------------------------------------------------------------- NIC: static MAC and name
+
+
+def test_macs_derive_from_the_ip_inside_vmwares_manual_range(lab_config):
+    macs = {n.name: n.mac for n in lab_config.all_nodes}
+    # 10.3.60.51: 00:50:56 + the address's low 22 bits (0x03, 0x3c, 0x33).
+    assert macs["labs-k8s-m01"] == "00:50:56:03:3c:33"
+    assert macs["labs-k8s-lb02"] == "00:50:56:03:3c:38"
+    assert len(set(macs.values())) == len(macs)
+    for mac in macs.values():
+        assert mac.startswith("00:50:56:") and int(mac.split(":")[3], 16) <= 0x3F
+
+
+def test_low_22_bits_are_unique_within_a_slash_10():
+    # The highest and lowest address of a /10 and their neighbours map to distinct MACs.
+    network = ipaddress.IPv4Network("10.64.0.0/10")
+    probes = [network.network_address + i for i in (0, 1, 2)] + [network.broadcast_address - i for i in (0, 1, 2)]
+    assert len({mac_for_ip(ip) for ip in probes}) == len(probes)
+    assert mac_for_ip(network.broadcast_address) == "00:50:56:3f:ff:ff"  # the top of the manual range
+    assert mac_for_ip(ipaddress.IPv4Address("10.0.0.1")) == mac_for_ip(ipaddress.IPv4Address("10.64.0.1"))
+
+
+def test_a_host_may_pin_its_mac(lab_namespace):
+    hosts(lab_namespace, "workers")[0]["mac"] = "00-50-56-3F-00-01"
+    workers = load_lab_config(lab_namespace).workers
+    assert workers[0].mac == "00:50:56:3f:00:01"  # normalized: lowercase, colons
+    assert workers[1].mac == "00:50:56:03:3c:37"
+
+
+@pytest.mark.parametrize(
+    ("mac", "says"),
+    [
+        ("00:50:56:40:00:01", "outside VMware's range for static MACs"),
+        ("00:0c:29:00:00:01", "outside VMware's range for static MACs"),
+        ("00:50:56:00:01", "not a MAC address"),
+        ("00:50:56:zz:00:01", "not a MAC address"),
+    ],
+)
+def test_a_pinned_mac_must_be_a_manual_vmware_mac(lab_namespace, mac, says):
+    hosts(lab_namespace, "workers")[0]["mac"] = mac
+    assert says in problems(lab_namespace)["nodes.workers.hosts[0].mac"]
+
+
+def test_macs_are_unique(lab_namespace):
+    hosts(lab_namespace, "workers")[1]["mac"] = "00:50:56:03:3c:36"  # w01's derived MAC
+    message = problems(lab_namespace)["nodes.workers.hosts[1].mac"]
+    assert "already used by labs-k8s:nodes.workers.hosts[0].ip" in message
+
+
+def test_derived_macs_collide_only_beyond_a_slash_10(lab_namespace):
+    lab_namespace["network"]["cidr"] = "10.0.0.0/8"
+    hosts(lab_namespace, "workers")[1]["ip"] = "10.67.60.54"  # same low 22 bits as w01's 10.3.60.54
+    message = problems(lab_namespace)["nodes.workers.hosts[1].ip"]
+    assert "MAC 00:50:56:03:3c:36 (the MAC derived from 10.67.60.54) is already used" in message
+    assert "labs-k8s:nodes.workers.hosts[1].mac" in message  # the fix
+
+
+def test_the_old_interface_key_names_the_new_one(lab_namespace):
+    lab_namespace["loadBalancer"]["interface"] = "ens160"
+    message = problems(lab_namespace)["loadBalancer.interface"]
+    assert "moved to labs-k8s:network.interface" in message
+    assert "pulumi config set --path labs-k8s:network.interface ens160" in message
+
+
+@pytest.mark.parametrize("name", ["eth0", "lo", "Ens192", "a-name-longer-than-15", "ens 192", "9net", ""])
+def test_bad_interface_names(lab_namespace, name):
+    lab_namespace["network"]["interface"] = name
+    assert "network.interface" in problems(lab_namespace)
+
+
+@pytest.mark.parametrize("name", ["ens192", "ens160", "lab0", "node-nic_1"])
+def test_good_interface_names(lab_namespace, name):
+    lab_namespace["network"]["interface"] = name
+    assert load_lab_config(lab_namespace).network.interface == name

@@ -48,11 +48,11 @@ def _other_lab() -> dict[str, Any]:
     """Another segment, interface, VRID and advert interval: nothing may be hard-coded."""
     raw = namespace()
     raw["network"] = {**raw["network"], "cidr": "192.168.7.0/25", "gateway": "192.168.7.1",
-                      "dnsServers": ["192.168.7.1"]}
+                      "dnsServers": ["192.168.7.1"], "interface": "ens224"}
     for role, base in (("balancers", 10), ("controlPlanes", 20), ("workers", 30)):
         for i, host in enumerate(raw["nodes"][role]["hosts"]):
             host["ip"] = f"192.168.7.{base + i}"
-    raw["loadBalancer"] = {"vip": "192.168.7.100", "vrrpRouterId": 7, "interface": "eth1", "advertIntSeconds": 2}
+    raw["loadBalancer"] = {"vip": "192.168.7.100", "vrrpRouterId": 7, "advertIntSeconds": 2}
     return raw
 
 
@@ -146,7 +146,7 @@ def test_keepalived_accepts_the_rendered_configs(variant: LabConfig, workdir: Pa
     _need_daemons()
     for index in range(len(variant.balancers)):
         config = _write_keepalived(variant, workdir, index)
-        result = keepalived_check(config, variant.load_balancer.interface)
+        result = keepalived_check(config, variant.network.interface)
         output = result.stdout + result.stderr
         assert result.returncode == 0, f"{variant.balancers[index].name}: {output}"
         assert "WARNING" not in output, output
@@ -157,7 +157,7 @@ def test_keepalived_check_rejects_what_would_not_run(labs: LabConfig, workdir: P
     _need_daemons()
     config = _write_keepalived(labs, workdir)
     (workdir / "check_apiserver.sh").unlink()  # the check script is missing
-    result = keepalived_check(config, labs.load_balancer.interface)
+    result = keepalived_check(config, labs.network.interface)
     assert result.returncode != 0, result.stderr
     config = _write_keepalived(labs, workdir)
     result = keepalived_check(config, "ens999")  # the interface does not exist
@@ -346,7 +346,7 @@ def test_check_script_tracks_a_real_haproxy(labs: LabConfig, workdir: Path) -> N
     check = workdir / "check_apiserver.sh"
     check.write_text(lb.render_check_script(labs))
     check.chmod(0o755)
-    driver = CHECK_DRIVER.format(iface=labs.load_balancer.interface, ip=labs.balancers[1].ip,
+    driver = CHECK_DRIVER.format(iface=labs.network.interface, ip=labs.balancers[1].ip,
                                  prefix=labs.prefix_length, user=lb.SCRIPT_USER, check=check, workdir=workdir)
     result = subprocess.run(["unshare", "--net", "bash", "-c", driver], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, timeout=60)
@@ -415,7 +415,7 @@ def test_setup_balancer_is_idempotent_and_never_installs_a_bad_config(labs: LabC
     (out / "bundle.sh").write_text(step_bundle(lb.STEP_NAME, files, lb.SETUP_SCRIPT).replace(STEP_ROOT, str(steps)))
     bad = {**files, "haproxy.cfg": files["haproxy.cfg"].replace("balance roundrobin", "balance bogus")}
     (out / "bad-bundle.sh").write_text(step_bundle(lb.STEP_NAME, bad, lb.SETUP_SCRIPT).replace(STEP_ROOT, str(steps)))
-    driver = SETUP_DRIVER.format(iface=labs.load_balancer.interface, root=root, stubs=stubs, out=out)
+    driver = SETUP_DRIVER.format(iface=labs.network.interface, root=root, stubs=stubs, out=out)
     result = subprocess.run(["unshare", "--mount", "--net", "bash", "-c", driver], capture_output=True, text=True,
                             timeout=120, env={**os.environ, "LC_ALL": "C"})
     assert result.returncode == 0, result.stderr

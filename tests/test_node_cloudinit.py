@@ -95,8 +95,16 @@ def expected() -> dict[str, Any]:
         "domain": net["searchDomain"],
         "ntp": net["ntpServers"],
         "user": raw["ssh"]["user"],
-        "interface": raw["loadBalancer"]["interface"],
+        "interface": net["interface"],
+        "macs": {name: _independent_mac(host["ip"]) for name, host in hosts.items()},
     }
+
+
+def _independent_mac(ip: str) -> str:
+    """VMware's manual range is 00:50:56:00:00:00-3f:ff:ff: the octets after 00:50:56 are the
+    address's second octet masked to its low 6 bits, then the third and fourth octets."""
+    _, second, third, fourth = (int(octet) for octet in ip.split("."))
+    return f"00:50:56:{second & 0x3F:02x}:{third:02x}:{fourth:02x}"
 
 
 # --------------------------------------------------------------------------- metadata and network
@@ -121,7 +129,10 @@ def test_every_node_gets_its_own_identity_and_static_address(cfg, expected):
         assert list(network) == ["version", "ethernets"]
         assert list(network["ethernets"]) == [expected["interface"]]
         nic = network["ethernets"][expected["interface"]]
-        assert nic["match"] == {"driver": "vmxnet3"}
+        # Found by the static MAC the VM layer sets, named by set-name: no PCI-slot guesswork.
+        assert nic["match"] == {"macaddress": expected["macs"][node.name]}
+        assert node_rendering.node_mac(node) == expected["macs"][node.name]
+        assert nic["set-name"] == expected["interface"]
         assert nic["dhcp4"] is False and nic["dhcp6"] is False
         assert nic["addresses"] == [f"{want['ip']}/{expected['prefix']}"]
         assert nic["gateway4"] == expected["gateway"]
@@ -380,7 +391,7 @@ def test_userdata_keys_are_known_to_cloud_init(cfg):
 # renderers, and runs the disk modules' device resolution with the destructive steps stubbed.
 _CLOUD_INIT_PROBE = r"""
 import json, logging, os, sys, tempfile
-from cloudinit import distros, helpers, util
+from cloudinit import distros, helpers, net, subp, util
 from cloudinit.config import cc_disk_setup, cc_mounts
 from cloudinit.net import eni, netplan, networkd
 from cloudinit.net.network_state import parse_net_config_data
@@ -417,6 +428,33 @@ for name, extra in request["nodes"].items():
             open(os.path.join(root, f)).read() for root, _, files in os.walk(target) for f in sorted(files)
         )
     out["rendered"] = rendered
+    # What a Debian clone writes: the ENI renderer with the Debian distro's own settings
+    # (interfaces.d/50-cloud-init and the udev rule that names the NIC on later boots).
+    target = tempfile.mkdtemp()
+    eni.Renderer(config=distro.renderer_configs["eni"]).render_network_state(state, target=target)
+    out["debian_files"] = {
+        os.path.relpath(os.path.join(root, f), target): open(os.path.join(root, f)).read()
+        for root, _, files in os.walk(target) for f in files
+    }
+    # The rename cloud-init does in init-local, before ifupdown: its real code, with the NIC
+    # table and `ip` stubbed. Kernel names as vSphere's PCI slots give them (ens160, ens224)
+    # and the already-right name; and a NIC with another MAC (nothing to rename: an error).
+    renames = {}
+    for kernel_name, mac in request["nics"][name]:
+        commands = []
+        current = {kernel_name: {"mac": mac, "driver": "vmxnet3", "device_id": "0x07b0",
+                                 "up": False, "downable": True}}
+        real_info, real_subp = net._get_current_rename_info, subp.subp
+        net._get_current_rename_info = lambda: current
+        subp.subp = lambda args, **kwargs: commands.append(args) or ("", "")
+        try:
+            distro.networking.apply_network_config_names(netcfg)
+            renames[kernel_name + " " + mac] = {"commands": commands}
+        except Exception as error:  # what 22.4 raises; stages.py logs "Failed to rename devices"
+            renames[kernel_name + " " + mac] = {"error": str(error)}
+        finally:
+            net._get_current_rename_info, subp.subp = real_info, real_subp
+    out["renames"] = renames
 
     cfg = util.load_yaml(out["userdata"])
     out["disk"] = None
@@ -446,12 +484,20 @@ json.dump(results, sys.stdout)
 """
 
 
+FOREIGN_MAC = "00:50:56:aa:bb:cc"  # a vCenter-generated MAC: what a clone without its static MAC has
+
+
 @pytest.fixture(scope="module")
 def cloud_init_view(cfg) -> dict[str, Any]:
     _require_cloud_init_python()
     request = {
         "alias": DATA_DISK_ALIAS,
         "nodes": {n.name: guestinfo_extra_config(cfg, n) for n in cfg.all_nodes},
+        "nics": {
+            n.name: [["ens160", n.mac], ["ens224", n.mac], [cfg.network.interface, n.mac],
+                     ["ens192", FOREIGN_MAC]]
+            for n in cfg.all_nodes
+        },
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VMX_", "PYTHON"))}
     result = subprocess.run(
@@ -497,11 +543,41 @@ def test_cloud_init_renders_the_static_address_for_every_renderer(cfg, cloud_ini
 
         plan = yaml.safe_load(seen["rendered"]["netplan"])["network"]["ethernets"][expected["interface"]]
         assert plan["addresses"] == [f"{ip}/{prefix}"] and plan["gateway4"] == gateway
-        assert plan["match"] == {"driver": "vmxnet3"}
+        assert plan["match"] == {"macaddress": expected["macs"][node.name]}
+        assert plan["set-name"] == expected["interface"]
 
         networkd_text = seen["rendered"]["networkd"]
-        for line in (f"Address={ip}/{prefix}", f"Gateway={gateway}", "Driver=vmxnet3", "DHCP=no"):
+        for line in (f"Address={ip}/{prefix}", f"Gateway={gateway}", f"MACAddress={expected['macs'][node.name]}",
+                     f"Name={expected['interface']}", "DHCP=no"):
             assert line in networkd_text
+
+
+def test_debian_clone_names_its_nic_by_the_static_mac(cfg, cloud_init_view, expected):
+    """What cloud-init 22.4 does on a Debian clone: ENI config for the named NIC, a udev rule
+    that gives that name to the node's MAC on every later boot, and the live rename at first
+    boot from whatever name the PCI slot gave the NIC."""
+    interface = expected["interface"]
+    for node in cfg.all_nodes:
+        seen = cloud_init_view[node.name]
+        mac = expected["macs"][node.name]
+        ip, prefix = expected["hosts"][node.name]["ip"], expected["prefix"]
+        files = seen["debian_files"]
+        assert set(files) == {"etc/network/interfaces.d/50-cloud-init", "etc/udev/rules.d/70-persistent-net.rules"}
+        stanza = files["etc/network/interfaces.d/50-cloud-init"]
+        assert f"auto {interface}\niface {interface} inet static\n" in stanza
+        assert f"    address {ip}/{prefix}\n" in stanza
+        assert "auto lo" in stanza and stanza.count("inet static") == 1
+        (rule,) = files["etc/udev/rules.d/70-persistent-net.rules"].splitlines()
+        assert rule == (f'SUBSYSTEM=="net", ACTION=="add", DRIVERS=="?*", ATTR{{address}}=="{mac}", '
+                        f'NAME="{interface}"')
+
+        renames = seen["renames"]
+        for kernel_name in ("ens160", "ens224"):
+            assert renames[f"{kernel_name} {mac}"] == {
+                "commands": [["ip", "link", "set", kernel_name, "name", interface]]}
+        assert renames[f"{interface} {mac}"] == {"commands": []}
+        # No NIC with the node's MAC: cloud-init says so (init-local logs it; see troubleshooting).
+        assert f"Cannot rename mac={mac} to {interface}, not available" in renames[f"ens192 {FOREIGN_MAC}"]["error"]
 
 
 def test_cloud_init_resolves_the_data_disk_alias(cfg, cloud_init_view):

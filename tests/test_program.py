@@ -10,6 +10,7 @@ import base64
 
 import pulumi
 import pytest
+import yaml
 
 from components.offline import RecordingMonitor, run_program
 
@@ -150,6 +151,22 @@ def test_clones_have_the_template_hardware_and_role_sizes(offline_run, lab_confi
         assert inputs["waitForGuestNetTimeout"] == 0 and inputs["waitForGuestIpTimeout"] == 0
         assert (inputs["eptRviMode"], inputs["hvMode"]) == ("automatic", "hvAuto")
         assert "extraConfig" in vm.replace_on_changes
+
+
+def test_clones_have_a_static_mac_that_their_network_config_matches(offline_run, lab_config):
+    """The MAC the VM gets is the MAC cloud-init looks for: the NIC's name cannot drift."""
+    macs = {n.name: n.mac for n in lab_config.all_nodes}
+    assert len(set(macs.values())) == 7
+    for vm in offline_run.of_type(VM):
+        inputs = vm.plain_inputs
+        (nic,) = inputs["networkInterfaces"]
+        assert nic["useStaticMac"] is True
+        assert nic["macAddress"] == macs[inputs["name"]]
+        metadata = yaml.safe_load(base64.b64decode(inputs["extraConfig"]["guestinfo.metadata"]))
+        ethernets = metadata["network"]["ethernets"]
+        assert ethernets == {lab_config.network.interface: ethernets[lab_config.network.interface]}
+        assert ethernets[lab_config.network.interface]["match"] == {"macaddress": nic["macAddress"]}
+        assert ethernets[lab_config.network.interface]["set-name"] == lab_config.network.interface
 
 
 def test_clones_carry_their_own_cloud_init_in_guestinfo(offline_run):

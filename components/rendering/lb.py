@@ -133,7 +133,7 @@ def render_keepalived_conf(
         state=state,
         priority=priority,
         peers=[b for b in cfg.balancers if b.name != balancer.name],
-        interface=cfg.load_balancer.interface,
+        interface=cfg.network.interface,
         router_id=cfg.load_balancer.vrrp_router_id,
         advert_int=cfg.load_balancer.advert_int_seconds,
         auth_pass=vrrp_auth_pass(vrrp_password),

@@ -84,13 +84,28 @@ def fqdn(cfg: LabConfig, node: Node) -> str | None:
     return f"{node.name}.{domain}" if domain else None
 
 
+def node_mac(node: Node) -> str:
+    """The static MAC of the node's NIC (lowercase, colon-separated): the per-host
+    `nodes.<role>.hosts[].mac`, else derived from the node's IP (config.mac_for_ip).
+
+    The VM layer gives the NIC this MAC (`use_static_mac`) and the network config matches it.
+    """
+    return node.mac
+
+
+def interface_name(cfg: LabConfig) -> str:
+    """The NIC's name on every node (`network.interface`): set by cloud-init, bound by Keepalived."""
+    return cfg.network.interface
+
+
 def render_network_config(cfg: LabConfig, node: Node) -> str:
-    """Network config version 2 of the node: static address on its VMXNET3 NIC."""
+    """Network config version 2 of the node: its NIC found by MAC, named, with the static address."""
     domain = cfg.network.search_domain
     return render_template(
         NETWORK_TEMPLATE,
         q=yaml_scalar,
-        interface=cfg.load_balancer.interface,
+        interface=interface_name(cfg),
+        mac=node_mac(node),
         address=f"{node.ip}/{cfg.prefix_length}",
         gateway=str(cfg.network.gateway),
         dns_servers=[str(server) for server in cfg.network.dns_servers],
