@@ -1,7 +1,7 @@
 """Preflight before anything is registered: the config's vSphere placement checked against vCenter.
 
 `pulumi preview` in a pull request fails here, early and clearly, instead of half-way through
-an `up`. The checks themselves (pyvmomi) live in components/vsphere.py; this module only turns
+an `up`. The checks themselves (pyvmomi) live in components/vsphere/preflight.py; this module only turns
 the lab config into a PreflightSpec and the report into a Pulumi error or warnings.
 """
 

@@ -2,7 +2,7 @@
 
 The vSphere provider cannot mark a VM as a template (terraform-provider-vsphere #1180), and
 converting a VM the provider manages breaks its state (#2177). So the template is a Pulumi
-dynamic resource whose provider drives pyvmomi (components/vsphere.py): remastered installer
+dynamic resource whose provider drives pyvmomi (components/vsphere/): remastered installer
 ISO -> builder VM with the exact hardware -> unattended install and seal -> power-off ->
 MarkAsTemplate -> hardware verified. docs/template.md explains the choice.
 """

@@ -1,4 +1,4 @@
-"""components/vsphere.py against a real vCenter simulator (govmomi vcsim 0.24).
+"""components/vsphere (the pyvmomi package) against a real vCenter simulator (govmomi vcsim 0.24).
 
 Every test gets its own fresh vcsim (tests/vcsim.py). Limits of vcsim that
 shape these tests: clones ignore powerOn/customization/location.host, DRS rules

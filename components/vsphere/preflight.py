@@ -1,0 +1,299 @@
+"""Preflight: can this vCenter host the stack? Every problem found, before anything is created."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyVmomi import vim
+
+from components.vsphere.errors import VSphereError
+from components.vsphere.inventory import (
+    find_cluster,
+    find_datacenter,
+    find_datastore,
+    find_network,
+    find_resource_pool,
+    find_vm_folder,
+    inventory_path,
+    vm_ips,
+    vm_stack,
+)
+from components.vsphere.session import GiB, collect_properties
+
+
+@dataclass(frozen=True)
+class PlannedVm:
+    """A VM the stack will create: its name, IPs and eager-zeroed disks."""
+
+    name: str
+    ip_addresses: tuple[str, ...] = ()
+    disk_gib: tuple[int, ...] = ()
+    memory_mib: int = 0  # its .vswp swap file is this big (no reservation)
+
+
+@dataclass(frozen=True)
+class AntiAffinityRule:
+    """A VM-VM anti-affinity rule: ``mandatory`` means 'must', else 'should'."""
+
+    name: str
+    vm_names: tuple[str, ...]
+    mandatory: bool = True
+
+
+@dataclass(frozen=True)
+class PreflightSpec:
+    datacenter: str
+    cluster: str
+    datastore: str
+    network: str
+    vm_folder: str = ""
+    resource_pool: str | None = None
+    stack: str = ""  # value of STACK_TAG_KEY on the VMs this stack owns
+    vms: tuple[PlannedVm, ...] = ()
+    extra_ips: tuple[str, ...] = ()  # addresses no VM may hold, e.g. the API VIP
+    anti_affinity_rules: tuple[AntiAffinityRule, ...] = ()
+    drs_required: bool = True  # False: DRS off is a warning instead of an error
+    free_space_margin: float = 0.15  # on top of disks + swap: snapshots, logs, growth
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.check}] {self.message}"
+
+
+@dataclass
+class PreflightReport:
+    errors: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
+    connected_hosts: int | None = None
+    datastore_free_bytes: int | None = None
+    required_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def error(self, check: str, message: str) -> None:
+        self.errors.append(Finding(check, message))
+
+    def warn(self, check: str, message: str) -> None:
+        self.warnings.append(Finding(check, message))
+
+    def render(self) -> str:
+        lines = [f"preflight: {len(self.errors)} error(s), {len(self.warnings)} warning(s)"]
+        lines += [f"ERROR   {f}" for f in self.errors]
+        lines += [f"WARNING {f}" for f in self.warnings]
+        return "\n".join(lines)
+
+
+def _lookup(report: PreflightReport, check: str, fix: str, fn: Any, *args: Any) -> Any:
+    """Run a finder; record a missing/ambiguous object as an error, return None."""
+    try:
+        return fn(*args)
+    except VSphereError as exc:
+        report.error(check, f"{exc}. {fix}")
+        return None
+
+
+def _check_drs(report: PreflightReport, spec: PreflightSpec, cluster: vim.ClusterComputeResource) -> None:
+    if not spec.anti_affinity_rules:
+        return  # nothing depends on DRS then
+    drs = cluster.configurationEx.drsConfig
+    if not drs.enabled:
+        message = (
+            f"DRS is disabled on cluster {cluster.name!r}, so the anti-affinity rules "
+            f"({', '.join(r.name for r in spec.anti_affinity_rules)}) would be created but do nothing: "
+            "only DRS places VMs by them, and the control-plane VMs could all land on one host. "
+            "Enable DRS on the cluster (vSphere Client: cluster > Configure > vSphere DRS > Edit), "
+            "or turn the anti-affinity rules off in the stack configuration"
+        )
+        (report.error if spec.drs_required else report.warn)("drs", message)
+        return
+    if drs.defaultVmBehavior == vim.cluster.DrsConfigInfo.DrsBehavior.manual:
+        report.warn(
+            "drs",
+            f"DRS on cluster {cluster.name!r} is in manual mode: rules only produce recommendations "
+            "that someone must apply. Set the automation level to partially or fully automated",
+        )
+
+
+def _connected_hosts(si: vim.ServiceInstance, cluster: vim.ClusterComputeResource) -> list[tuple[Any, dict[str, Any]]]:
+    rows = collect_properties(
+        si, cluster, vim.HostSystem, ["name", "runtime.connectionState", "runtime.inMaintenanceMode", "datastore"]
+    )
+    return [
+        (host, props)
+        for host, props in rows
+        if props.get("runtime.connectionState") == "connected" and not props.get("runtime.inMaintenanceMode")
+    ]
+
+
+def _check_hosts(report: PreflightReport, spec: PreflightSpec, cluster: vim.ClusterComputeResource, hosts: int) -> None:
+    report.connected_hosts = hosts
+    if hosts == 0:
+        report.error("hosts", f"cluster {cluster.name!r} has no connected host outside maintenance mode")
+        return
+    for rule in spec.anti_affinity_rules:
+        count = len(rule.vm_names)
+        if count <= hosts:
+            continue
+        text = (
+            f"anti-affinity rule {rule.name!r} keeps its {count} VMs ({', '.join(rule.vm_names)}) "
+            f"on {count} different hosts, but cluster {cluster.name!r} has only {hosts} connected "
+            "host(s) outside maintenance mode"
+        )
+        if rule.mandatory:
+            report.error(
+                "hosts",
+                f"{text}: vCenter would refuse to power on the extra VMs. Add hosts, take hosts "
+                "out of maintenance mode, or make the rule non-mandatory (should instead of must)",
+            )
+        else:
+            report.warn("hosts", f"{text}: some of them will share a host, losing that redundancy")
+
+
+def _check_datastore(
+    report: PreflightReport,
+    spec: PreflightSpec,
+    datastore: vim.Datastore,
+    hosts: list[tuple[Any, dict[str, Any]]],
+) -> None:
+    summary = datastore.summary
+    if not summary.accessible:
+        report.error("datastore", f"datastore {datastore.name!r} is not accessible; check its mounts")
+        return
+    disks = sum(g for vm in spec.vms for g in vm.disk_gib) * GiB
+    swap = sum(vm.memory_mib for vm in spec.vms) * 1024 * 1024
+    required = int((disks + swap) * (1 + spec.free_space_margin))
+    report.required_bytes = required
+    report.datastore_free_bytes = int(summary.freeSpace)
+    if summary.freeSpace < required:
+        report.error(
+            "datastore",
+            f"datastore {datastore.name!r} has {summary.freeSpace / GiB:.1f} GiB free, but the stack needs "
+            f"{required / GiB:.1f} GiB ({disks / GiB:.0f} GiB of eager-zeroed disks, which are fully "
+            f"allocated at clone time, + {swap / GiB:.1f} GiB of VM swap files + "
+            f"{spec.free_space_margin:.0%} margin). Free space, pick a bigger datastore, or shrink the disks",
+        )
+    mounted = [props["name"] for _, props in hosts if datastore in (props.get("datastore") or [])]
+    unmounted = sorted(props["name"] for _, props in hosts if props["name"] not in mounted)
+    largest_rule = max((len(r.vm_names) for r in spec.anti_affinity_rules if r.mandatory), default=1)
+    # Too few hosts overall is the host check's finding; blame the datastore
+    # only when hosts exist that it does not reach.
+    if hosts and len(mounted) < min(largest_rule, len(hosts)):
+        report.error(
+            "datastore",
+            f"datastore {datastore.name!r} is mounted on {len(mounted)} connected host(s) of the cluster, "
+            f"but anti-affinity needs {largest_rule} hosts that can all reach it. Use shared storage "
+            "mounted on every host (a host-local datastore pins VMs to that host)",
+        )
+    elif unmounted:
+        report.warn(
+            "datastore",
+            f"datastore {datastore.name!r} is not mounted on {', '.join(unmounted)}; "
+            "VMs on it cannot run there. Mount it on every host of the cluster",
+        )
+
+
+def _check_collisions(report: PreflightReport, spec: PreflightSpec, si: vim.ServiceInstance) -> None:
+    """Our names and IPs must not be in use by VMs of any other stack (whole vCenter)."""
+    names = {vm.name for vm in spec.vms}
+    owner_of_ip = {ip: vm.name for vm in spec.vms for ip in vm.ip_addresses}
+    owner_of_ip.update({ip: "extra address" for ip in spec.extra_ips})
+    root = si.RetrieveContent().rootFolder
+    for vm, props in collect_properties(si, root, vim.VirtualMachine, ["name", "guest.ipAddress", "guest.net"]):
+        name = props.get("name", "")
+        clashes = sorted(vm_ips(props) & owner_of_ip.keys())
+        if name not in names and not clashes:
+            continue
+        # Only now read extraConfig: it is large, and only suspects need it.
+        stack = vm_stack(vm)
+        if spec.stack and stack == spec.stack:
+            continue
+        owner = f"stack {stack!r}" if stack else "no stack of ours"
+        path = inventory_path(si, vm)
+        if name in names:
+            report.error(
+                "names",
+                f"VM name {name!r} is already used by {path} ({owner}). Rename or remove that VM, "
+                "or change the VM name prefix of this stack",
+            )
+        for ip in clashes:
+            report.error(
+                "addresses",
+                f"address {ip} (planned for {owner_of_ip[ip]}) is already used by VM {path} ({owner}). "
+                "Pick another address in the stack configuration or free it",
+            )
+
+
+def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
+    """Check vCenter can host the stack before anything is created.
+
+    Every problem found is reported, not only the first; checks that depend on
+    a missing object are skipped (their error already says what to fix).
+    """
+    report = PreflightReport()
+    dc = _lookup(
+        report,
+        "datacenter",
+        "Fix the datacenter name in the stack configuration.",
+        find_datacenter,
+        si,
+        spec.datacenter,
+    )
+    if dc is None:
+        _check_collisions(report, spec, si)
+        return report
+    cluster = _lookup(
+        report, "cluster", "Fix the cluster name in the stack configuration.", find_cluster, si, dc, spec.cluster
+    )
+    datastore = _lookup(
+        report,
+        "datastore",
+        "Fix the datastore name in the stack configuration.",
+        find_datastore,
+        si,
+        dc,
+        spec.datastore,
+    )
+    _lookup(
+        report,
+        "network",
+        "Fix the network (portgroup) name in the stack configuration.",
+        find_network,
+        si,
+        dc,
+        spec.network,
+    )
+    _lookup(
+        report,
+        "folder",
+        "Create the VM folder or fix its path in the stack configuration.",
+        find_vm_folder,
+        si,
+        dc,
+        spec.vm_folder,
+    )
+    hosts: list[tuple[Any, dict[str, Any]]] = []
+    if cluster is not None:
+        _lookup(
+            report,
+            "resource pool",
+            "Create the resource pool or fix its path in the stack configuration.",
+            find_resource_pool,
+            si,
+            cluster,
+            spec.resource_pool,
+        )
+        _check_drs(report, spec, cluster)
+        hosts = _connected_hosts(si, cluster)
+        _check_hosts(report, spec, cluster, len(hosts))
+    if datastore is not None:
+        _check_datastore(report, spec, datastore, hosts)
+    _check_collisions(report, spec, si)
+    return report

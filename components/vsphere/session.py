@@ -1,0 +1,178 @@
+"""Logging in to vCenter, waiting for tasks, and reading properties in bulk.
+
+Upstream pitfall: pyVim.connect.getSslContext() silently builds an *unverified* TLS
+context when no context is passed and the host is localhost/127.0.0.1/::1, so we
+always pass our own context and only skip verification when asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import ssl
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyVim.connect import Disconnect, SmartConnect
+from pyVmomi import vim, vmodl
+
+from components.vsphere.errors import TaskError, VSphereError, VSphereTimeoutError
+
+log = logging.getLogger(__name__)
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a ServiceInstance talks to; kept for plain HTTP calls (uploads)."""
+
+    host: str
+    port: int
+    tls: ssl.SSLContext
+
+
+# Keyed by the SOAP stub so it dies with the connection. Only connect() fills
+# it: upload_to_datastore() must reuse the same TLS decision as the SOAP side.
+_ENDPOINTS: weakref.WeakKeyDictionary[Any, Endpoint] = weakref.WeakKeyDictionary()
+
+
+def _tls_context(insecure: bool, ca_file: str | None) -> ssl.SSLContext:
+    # ssl.create_default_context() reads the system store (and SSL_CERT_FILE
+    # per OpenSSL) but never REQUESTS_CA_BUNDLE: that variable is a convention
+    # of the requests library and must not change how we trust vCenter.
+    if insecure:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    return ssl.create_default_context(cafile=ca_file)
+
+
+def connect(
+    host: str,
+    user: str,
+    password: str,
+    port: int = 443,
+    insecure: bool = False,
+    ca_file: str | None = None,
+) -> vim.ServiceInstance:
+    """Log in to vCenter and return its ServiceInstance.
+
+    TLS is verified against the system store (or ``ca_file``) unless
+    ``insecure`` is True. We always hand pyVim an explicit context: given none,
+    pyVim turns verification off for 127.0.0.1/localhost without saying so.
+    """
+    tls = _tls_context(insecure, ca_file)
+    try:
+        si = SmartConnect(host=host, port=port, user=user, pwd=password, sslContext=tls)
+    except vim.fault.InvalidLogin as exc:
+        raise VSphereError(
+            f"vCenter {host}:{port} rejected the login for user {user!r}; check the user name and password"
+        ) from exc
+    except ssl.SSLCertVerificationError as exc:
+        raise VSphereError(
+            f"cannot verify the TLS certificate of {host}:{port} ({exc.verify_message}); "
+            "pass the vCenter CA as ca_file, or insecure=True for a lab only"
+        ) from exc
+    except OSError as exc:
+        raise VSphereError(f"cannot reach vCenter at {host}:{port}: {exc}") from exc
+    _ENDPOINTS[si._GetStub()] = Endpoint(host=host, port=port, tls=tls)
+    return si
+
+
+def disconnect(si: vim.ServiceInstance) -> None:
+    """Log out; errors are logged, not raised (we are usually cleaning up)."""
+    try:
+        Disconnect(si)
+    except Exception as exc:
+        log.warning("vCenter logout failed: %s", exc)
+
+
+@contextlib.contextmanager
+def session(
+    host: str,
+    user: str,
+    password: str,
+    port: int = 443,
+    insecure: bool = False,
+    ca_file: str | None = None,
+) -> Iterator[vim.ServiceInstance]:
+    """``with session(...) as si:`` connects and always logs out afterwards."""
+    si = connect(host, user, password, port=port, insecure=insecure, ca_file=ca_file)
+    try:
+        yield si
+    finally:
+        disconnect(si)
+
+
+# --------------------------------------------------------------------------
+# Tasks and property collection
+# --------------------------------------------------------------------------
+
+
+def _fault_text(error: Any) -> str:
+    if error is None:
+        return "unknown error"
+    text = getattr(error, "msg", "") or getattr(error, "localizedMessage", "")
+    fault = getattr(error, "fault", None)
+    name = type(fault).__name__ if fault is not None else type(error).__name__
+    return f"{name}: {text}" if text else name
+
+
+def wait_for_task(task: vim.Task, what: str, timeout_s: float = 600, poll_s: float = 0.5) -> Any:
+    """Wait for a vCenter task; return its result or raise with the fault text."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = task.info
+        if info.state == vim.TaskInfo.State.success:
+            return info.result
+        if info.state == vim.TaskInfo.State.error:
+            raise TaskError(f"{what} failed: {_fault_text(info.error)}", info.error)
+        if time.monotonic() >= deadline:
+            raise VSphereTimeoutError(f"{what} did not finish within {timeout_s:g}s (task {task._moId})")
+        time.sleep(poll_s)
+
+
+def collect_properties(
+    si: vim.ServiceInstance,
+    root: vim.ManagedEntity,
+    vimtype: type,
+    props: Sequence[str],
+) -> list[tuple[Any, dict[str, Any]]]:
+    """Read ``props`` of every ``vimtype`` object under ``root`` in one round trip.
+
+    One PropertyCollector call over a ContainerView instead of touching
+    ``obj.prop`` per object: on a big inventory that is the difference between
+    one request and thousands.
+    """
+    content = si.RetrieveContent()
+    view = content.viewManager.CreateContainerView(root, [vimtype], True)
+    try:
+        traversal = vmodl.query.PropertyCollector.TraversalSpec(
+            name="view", path="view", skip=False, type=vim.view.ContainerView
+        )
+        spec = vmodl.query.PropertyCollector.FilterSpec(
+            objectSet=[vmodl.query.PropertyCollector.ObjectSpec(obj=view, skip=True, selectSet=[traversal])],
+            propSet=[vmodl.query.PropertyCollector.PropertySpec(type=vimtype, pathSet=list(props))],
+        )
+        collector = content.propertyCollector
+        options = vmodl.query.PropertyCollector.RetrieveOptions()
+        result = collector.RetrievePropertiesEx([spec], options)
+        rows: list[tuple[Any, dict[str, Any]]] = []
+        seen: set[str] = set()
+        while result is not None:
+            for obj in result.objects:
+                if obj.obj._moId in seen:
+                    continue
+                seen.add(obj.obj._moId)
+                rows.append((obj.obj, {p.name: p.val for p in obj.propSet}))
+            if not result.token:
+                break
+            result = collector.ContinueRetrievePropertiesEx(result.token)
+        return rows
+    finally:
+        view.Destroy()
