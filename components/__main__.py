@@ -4,6 +4,10 @@
 the real program under Pulumi's mock engine (no vCenter, no network, no Pulumi CLI) and writes
 plan.json, graph.mmd and every file pushed to a machine, one folder per host.
 
+`python -m components diff [--stack labs] --against REF [--json FILE]`: the resources and rendered
+files that change between REF and the working tree, each rendered offline by its own code
+(docs/pull-requests.md). Exit status 0 whether or not anything changed.
+
 `python -m components drill <scenario> [--stack labs] [--dry-run]`: a failure drill against the
 live lab (components/drills, docs/drills.md).
 """
@@ -24,10 +28,20 @@ def main(argv: list[str] | None = None) -> int:
     render_parser = commands.add_parser("render", help="write plan.json, graph.mmd and every pushed file")
     render_parser.add_argument("--stack", default="labs", help="stack whose Pulumi.<stack>.yaml to read")
     render_parser.add_argument("--out", type=Path, required=True, help="output folder (created)")
+    render_parser.add_argument("--fingerprint-key", type=Path, metavar="FILE",
+                               help="also write run.json, secrets as HMACs under the key in FILE (for diff)")
+    diff_parser = commands.add_parser("diff", help="what changes between a git ref and the working tree, offline")
+    diff_parser.add_argument("--stack", default="labs", help="stack whose Pulumi.<stack>.yaml to render")
+    diff_parser.add_argument("--against", required=True, metavar="REF", help="git ref to compare with (the base)")
+    diff_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (the PR comment)")
     drill_cli.add_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "render":
-        return render(args.stack, args.out)
+        return render(args.stack, args.out, args.fingerprint_key)
+    if args.command == "diff":
+        from components.render_diff import diff
+
+        return diff(args.stack, args.against, args.json)
     if args.command == "drill":
         return drill_cli.run(args)
     return 2

@@ -17,6 +17,8 @@ PLACEHOLDERS = {
     "VRRP password": "RENDERPH",
     "CA certificate hash": "sha256:" + "0" * 64,
 }
+# What `diff` shows as [secret]. The CA certificate hash is public: every joining node is given it.
+SECRET_PLACEHOLDERS = {what: value for what, value in PLACEHOLDERS.items() if what != "CA certificate hash"}
 TEMPLATE_FOLDER = "golden-template"
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import functools
 import hashlib
+import hmac
 import json
 import runpy
 from collections.abc import Callable, Mapping
@@ -35,11 +37,30 @@ _ED25519_BLOB = b"\x00\x00\x00\x0bssh-ed25519" + b"\x00\x00\x00\x20" + bytes(32)
 PLACEHOLDER_PUBLIC_KEY = (
     "ssh-ed25519 " + base64.b64encode(_ED25519_BLOB).decode() + " RENDER-PLACEHOLDER-set-labs-k8s:ssh.publicKey"
 )
-PLACEHOLDER_PRIVATE_KEY = (
-    "-----BEGIN OPENSSH PRIVATE KEY-----\nRENDER-PLACEHOLDER: set labs-k8s:sshPrivateKey\n"
-    "-----END OPENSSH PRIVATE KEY-----\n"
-)
+
+
+def _private_key_placeholder(note: str = "") -> str:
+    return (
+        f"-----BEGIN OPENSSH PRIVATE KEY-----\nRENDER-PLACEHOLDER: set labs-k8s:sshPrivateKey{note}\n"
+        "-----END OPENSSH PRIVATE KEY-----\n"
+    )
+
+
+PLACEHOLDER_PRIVATE_KEY = _private_key_placeholder()
 REQUIRED_SECRETS = {"labs-k8s:sshPrivateKey": PLACEHOLDER_PRIVATE_KEY, "vsphere:password": PLACEHOLDER_SECRET}
+
+
+def encrypted_placeholder(key: str, ciphertext: str) -> str:
+    """The stand-in for a `secure:` value, which cannot be decrypted here.
+
+    It names a digest of the ciphertext (public: the ciphertext is in the stack file), so a rotated
+    secret still changes the inputs of the resources that take it, as under the real engine, and
+    `diff` can say which ones. It has the form validation expects (a private key stays a key block).
+    """
+    note = f"encrypted, ciphertext sha256 {hashlib.sha256(ciphertext.encode()).hexdigest()[:12]}"
+    if key == "labs-k8s:sshPrivateKey":
+        return _private_key_placeholder(f" ({note})")
+    return f"[placeholder: {note}]"
 
 
 @dataclass
@@ -225,10 +246,10 @@ def stack_config(stack: str = "labs", overrides: Mapping[str, Any] | None = None
     secret_keys: list[str] = []
     for key, value in list(raw.items()):
         if isinstance(value, dict) and set(value) == {"secure"}:
-            raw[key] = PLACEHOLDER_SECRET
+            raw[key] = encrypted_placeholder(key, str(value["secure"]))
             secret_keys.append(key)
     for key, placeholder in REQUIRED_SECRETS.items():
-        if key not in raw or raw[key] == PLACEHOLDER_SECRET:
+        if key not in raw:
             raw[key] = placeholder
             if key not in secret_keys:
                 secret_keys.append(key)
@@ -324,3 +345,72 @@ def lab_config_from_stack(stack: str = "labs", overrides: Mapping[str, Any] | No
     structured = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
     structured.pop("sshPrivateKey", None)
     return load_lab_config({k: json.loads(v) if v[:1] in "{[" else v for k, v in structured.items()})
+
+
+# --------------------------------------------------------------------------- run documents
+
+RUN_DOCUMENT_FORMAT = 1
+_SECRET_FINGERPRINT = "[secret:"
+
+
+def _fingerprint(value: Any, key: bytes) -> Any:
+    """Like _redact, but a secret becomes "[secret:<HMAC-SHA256 of its value>]": two runs compare
+    equal where a secret did not change, and without the key nothing about the value can be learnt
+    (`diff` makes the key per run and never writes it out)."""
+    if isinstance(value, dict):
+        if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
+            inner = json.dumps(value.get("value"), sort_keys=True).encode()
+            return f"{_SECRET_FINGERPRINT}{hmac.new(key, inner, hashlib.sha256).hexdigest()[:32]}]"
+        if value.get(rpc._special_sig_key) == rpc._special_resource_sig:
+            return value.get("urn", "[resource]")
+        return {k: _fingerprint(v, key) for k, v in value.items() if k != "__provider"}
+    if isinstance(value, list):
+        return [_fingerprint(v, key) for v in value]
+    return value
+
+
+def _fingerprints_hidden(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(_SECRET_FINGERPRINT) and value.endswith("]"):
+        return SECRET_MARK
+    if isinstance(value, dict):
+        return {k: _fingerprints_hidden(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fingerprints_hidden(v) for v in value]
+    return value
+
+
+def run_document(run: OfflineRun, key: bytes) -> dict[str, Any]:
+    """Everything the engine was told about each resource, as JSON, with secrets fingerprinted.
+
+    `diff` has each side's own code write this (in a subprocess, from that side's checkout) and
+    rebuilds the runs from it with `run_from_document`, so two versions of the program compare
+    without sharing a process. Every Registration field is kept, whatever fields it gains.
+    """
+    resources = []
+    for reg in sorted(run.registrations.values(), key=lambda r: r.urn):
+        entry = {f.name: getattr(reg, f.name) for f in dataclasses.fields(reg) if not f.name.startswith("wire_")}
+        entry["inputs"] = _fingerprint(json_format.MessageToDict(reg.wire_inputs, preserving_proto_field_name=True),
+                                       key)
+        resources.append(entry)
+    return {"format": RUN_DOCUMENT_FORMAT, "resources": resources}
+
+
+def run_from_document(document: Mapping[str, Any]) -> OfflineRun:
+    """The OfflineRun a run document describes. `plain_inputs` hold the secrets' fingerprints (equal
+    fingerprints, equal values); `inputs` show them as "[secret]", as everywhere else."""
+    if document.get("format") != RUN_DOCUMENT_FORMAT:
+        raise ValueError(f"run document format {document.get('format')!r}, expected {RUN_DOCUMENT_FORMAT}")
+    fields = {f.name: f for f in dataclasses.fields(Registration) if not f.name.startswith("wire_")}
+    registrations: dict[str, Registration] = {}
+    for entry in document["resources"]:
+        kwargs = {
+            name: tuple(value) if str(fields[name].type).startswith("tuple") else value
+            for name, value in entry.items()
+            if name in fields
+        }
+        reg = Registration(**kwargs)
+        # Seed the cached properties: there is no wire form to decode.
+        reg.__dict__["plain_inputs"] = entry["inputs"]
+        reg.__dict__["inputs"] = _fingerprints_hidden(entry["inputs"])
+        registrations[reg.urn] = reg
+    return OfflineRun(registrations, {}, [])

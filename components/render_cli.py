@@ -13,7 +13,7 @@ import pulumi
 
 from components.artifacts import PLACEHOLDERS, host_artifacts
 from components.config import LabConfigError
-from components.offline import OfflineRun, Registration, lab_config_from_stack, run_program
+from components.offline import OfflineRun, Registration, lab_config_from_stack, run_document, run_program
 
 
 def plan_document(run: OfflineRun) -> list[dict[str, Any]]:
@@ -94,7 +94,9 @@ def write_render(run: OfflineRun, artifacts: dict[str, dict[str, str]], out: Pat
     (out / "README.txt").write_text("\n".join(notes) + "\n")
 
 
-def render(stack: str, out: Path) -> int:
+def render(stack: str, out: Path, fingerprint_key_file: Path | None = None) -> int:
+    """Write the render into `out`. With `fingerprint_key_file` (what `diff` passes) also run.json:
+    every resource with its options and inputs, each secret as an HMAC under that file's key."""
     try:
         lab = lab_config_from_stack(stack)
         run = run_program(stack)
@@ -105,6 +107,9 @@ def render(stack: str, out: Path) -> int:
         print(error, file=sys.stderr)
         return 2
     write_render(run, host_artifacts(lab), out)
+    if fingerprint_key_file is not None:
+        document = run_document(run, fingerprint_key_file.read_bytes())
+        (out / "run.json").write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     print(
         f"rendered {len(run.registrations)} resources (graph depth {graph_depth(run)}) "
         f"and {sum(len(f) for f in host_artifacts(lab).values())} files into {out}"

@@ -1,9 +1,13 @@
-"""The pull-request workflow (.github/workflows/preview.yml): schema-valid, and saying what it must.
+"""The pull-request workflows: schema-valid, and saying what they must.
+
+preview.yml: tests, then the vCenter `pulumi preview` behind an approval gate. render-diff.yml and
+render-diff-comment.yml: the offline per-machine diff, computed without any write permission and
+posted by a workflow_run that never runs the pull request's code.
 
 The lint is check-jsonschema's vendored GitHub workflow schema (offline). The schema only knows
 shapes; the key facts (tests before the preview, pulumi/actions preview of `labs` commented on
-the PR, self-hosted runner, credentials only from `secrets.`) are asserted on the parsed YAML.
-Each broken copy must fail the lint, so the lint demonstrably can fail.
+the PR, self-hosted runner, credentials only from `secrets.`, who may write) are asserted on the
+parsed YAML. Each broken copy must fail the lint, so the lint demonstrably can fail.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ import yaml
 from tests.requirements import unavailable
 
 REPO = Path(__file__).resolve().parent.parent
-WORKFLOW = REPO / ".github" / "workflows" / "preview.yml"
+WORKFLOWS = REPO / ".github" / "workflows"
+WORKFLOW = WORKFLOWS / "preview.yml"
+RENDER_DIFF = WORKFLOWS / "render-diff.yml"
+RENDER_DIFF_COMMENT = WORKFLOWS / "render-diff-comment.yml"
 SECRET_REF = re.compile(r"^\$\{\{ secrets\.[A-Z][A-Z0-9_]* \}\}$")
 
 
@@ -41,12 +48,16 @@ def lint(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def workflow() -> dict[str, Any]:
-    document = yaml.safe_load(WORKFLOW.read_text())
+def load(path: Path) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text())
     # YAML 1.1 reads the bare key `on` as the boolean True.
     document["on"] = document.pop(True, document.get("on"))
     return document
+
+
+@pytest.fixture(scope="module")
+def workflow() -> dict[str, Any]:
+    return load(WORKFLOW)
 
 
 def step_index(steps: list[dict[str, Any]], predicate: Any) -> int:
@@ -55,8 +66,13 @@ def step_index(steps: list[dict[str, Any]], predicate: Any) -> int:
     return matches[0]
 
 
-def test_workflow_passes_the_schema_lint() -> None:
-    proc = lint(WORKFLOW)
+def test_the_workflows_are_these() -> None:
+    assert sorted(p.name for p in WORKFLOWS.iterdir()) == ["preview.yml", "render-diff-comment.yml", "render-diff.yml"]
+
+
+@pytest.mark.parametrize("path", [WORKFLOW, RENDER_DIFF, RENDER_DIFF_COMMENT], ids=lambda p: p.name)
+def test_workflow_passes_the_schema_lint(path: Path) -> None:
+    proc = lint(path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok -- validation done" in proc.stdout
 
@@ -84,8 +100,19 @@ def test_a_broken_copy_fails_the_lint(tmp_path: Path, mistake: str, old: str, ne
 
 def test_runs_on_pull_requests_with_least_privilege(workflow: dict[str, Any]) -> None:
     assert "pull_request" in workflow["on"]
-    assert workflow["permissions"] == {"contents": "read", "pull-requests": "write"}
+    # The tests run the pull request's code: read only. Only the preview job comments.
+    assert workflow["permissions"] == {"contents": "read"}
+    assert "permissions" not in workflow["jobs"]["test"]
+    assert workflow["jobs"]["preview"]["permissions"] == {"contents": "read", "pull-requests": "write"}
     assert workflow["concurrency"]["group"] == "preview-${{ github.event.pull_request.number }}"
+
+
+def test_preview_waits_for_a_reviewer_in_a_protected_environment(workflow: dict[str, Any]) -> None:
+    assert workflow["jobs"]["preview"]["environment"] == "vcenter-preview"
+    assert "environment" not in workflow["jobs"]["test"]
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    gate = runbook.split("### The preview job's approval gate", 1)[1].split("\n## ", 1)[0]
+    assert "`vcenter-preview`" in gate and "Required reviewers" in gate and "Prevent self-review" in gate
 
 
 def test_tests_run_first_on_a_hosted_runner(workflow: dict[str, Any]) -> None:
@@ -145,3 +172,89 @@ def test_credentials_come_only_from_secrets(workflow: dict[str, Any]) -> None:
     values = [m.group(2) for line in text.splitlines() if (m := credential.match(line))]
     assert len(values) >= 5
     assert all(v.startswith("${{ ") for v in values), values
+
+
+# --------------------------------------------------------------------------- render diff
+
+
+@pytest.fixture(scope="module")
+def render_diff() -> dict[str, Any]:
+    return load(RENDER_DIFF)
+
+
+@pytest.fixture(scope="module")
+def render_diff_comment() -> dict[str, Any]:
+    return load(RENDER_DIFF_COMMENT)
+
+
+def steps_using(steps: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
+    return [s for s in steps if str(s.get("uses", "")).split("@")[0] == action]
+
+
+def test_no_workflow_runs_pull_request_code_with_a_write_token() -> None:
+    for path in WORKFLOWS.glob("*.yml"):
+        document = load(path)
+        # pull_request_target runs with a write token and the secrets, whatever it checks out.
+        assert "pull_request_target" not in document["on"], path.name
+        # Event data (branch names, titles) in a run: script is a shell injection; env is not.
+        for job in document["jobs"].values():
+            for step in job["steps"]:
+                assert "${{" not in step.get("run", ""), f"{path.name}: {step.get('name')}: use env"
+
+
+def test_render_diff_runs_the_diff_against_the_base_without_secrets(render_diff: dict[str, Any]) -> None:
+    assert list(render_diff["on"]) == ["pull_request"]
+    assert render_diff["permissions"] == {"contents": "read"}
+    assert not re.search(r"\$\{\{\s*secrets\.", RENDER_DIFF.read_text())
+    (job,) = render_diff["jobs"].values()
+    assert "permissions" not in job and "environment" not in job
+    assert job["runs-on"] == "ubuntu-latest"
+    steps = job["steps"]
+    (checkout,) = steps_using(steps, "actions/checkout")
+    assert checkout["with"] == {"fetch-depth": 0, "persist-credentials": False}
+    (python,) = steps_using(steps, "actions/setup-python")
+    assert python["with"]["python-version"] == "3.11"
+    venv = step_index(steps, lambda s: s.get("run", "").strip() == "make venv")
+    diff = step_index(steps, lambda s: "python -m components diff" in s.get("run", ""))
+    assert venv < diff
+    assert steps[diff]["env"]["BASE_SHA"] == "${{ github.event.pull_request.base.sha }}"
+    assert '--stack labs --against "$BASE_SHA"' in steps[diff]["run"]
+    assert "--json render-diff/report.json > render-diff/diff.txt" in steps[diff]["run"]
+    pull_request = step_index(steps, lambda s: "pull-request.json" in s.get("run", ""))
+    (upload,) = steps_using(steps, "actions/upload-artifact")
+    assert upload["with"]["name"] == "render-diff" and upload["with"]["path"] == "render-diff/"
+    assert diff < pull_request < steps.index(upload)
+    # A head that does not render still uploads its report (the comment says why), then fails.
+    fail = step_index(steps, lambda s: s.get("if") == "steps.diff.outputs.status != '0'")
+    assert steps.index(upload) < fail == len(steps) - 1
+
+
+def test_the_comment_is_posted_by_trusted_code_only(render_diff: dict[str, Any],
+                                                    render_diff_comment: dict[str, Any]) -> None:
+    trigger = render_diff_comment["on"]
+    assert list(trigger) == ["workflow_run"]
+    assert trigger["workflow_run"] == {"workflows": [render_diff["name"]], "types": ["completed"]}
+    assert render_diff_comment["permissions"] == {"contents": "read", "actions": "read", "pull-requests": "write"}
+    (job,) = render_diff_comment["jobs"].values()
+    assert "github.event.workflow_run.event == 'pull_request'" in job["if"]
+    steps = job["steps"]
+    # The checkout is the default branch's (workflow_run's own): no ref, no other repository.
+    (checkout,) = steps_using(steps, "actions/checkout")
+    assert checkout["with"] == {"persist-credentials": False}
+    (download,) = steps_using(steps, "actions/download-artifact")
+    assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
+    assert download["with"]["name"] == "render-diff"
+    # Unpacked outside the checkout: the artifact cannot replace the code that runs next.
+    assert download["with"]["path"].startswith("${{ runner.temp }}/")
+    build = step_index(steps, lambda s: "components.pr_comment build" in s.get("run", ""))
+    post = step_index(steps, lambda s: "components.pr_comment post" in s.get("run", ""))
+    assert steps.index(download) < build < post
+    assert "--full-diff-url \"$RUN_URL\"" in steps[build]["run"]
+    assert steps[build]["env"]["RUN_URL"] == "${{ github.event.workflow_run.html_url }}"
+    env = steps[post]["env"]
+    assert env["HEAD_SHA"] == "${{ github.event.workflow_run.head_sha }}"
+    assert env["HEAD_REPO"] == "${{ github.event.workflow_run.head_repository.full_name }}"
+    assert env["GITHUB_TOKEN"] == "${{ github.token }}"
+    for step in steps:
+        # Only the standard library's python3: nothing the pull request pinned is installed here.
+        assert "make" not in step.get("run", "").split() and "pip" not in step.get("run", "")
