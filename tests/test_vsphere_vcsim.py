@@ -561,7 +561,8 @@ def test_preflight_reports_name_and_address_collisions(si: vim.ServiceInstance, 
         si, builder_spec(vcsim, name="someone-else", extra_config={"SET.guest.ipAddress": "192.0.2.100"})
     )
     vs.create_builder_vm(si, builder_spec(vcsim, name="k8s-2"))  # ours (stack tag): fine, e.g. a re-run
-    report = vs.preflight(si, preflight_spec(vcsim))
+    # Small disks: vcsim's LocalDS reports this machine's own free space, which is not this test's subject.
+    report = vs.preflight(si, preflight_spec(vcsim, vms=cluster_vms(7, disk_gib=1)))
     errors = sorted(report.errors, key=lambda f: f.check)
     assert [f.check for f in errors] == ["addresses", "names"], report.render()
     assert "address 192.0.2.100 (planned for extra address) is already used by VM DC0/vm/someone-else" in str(errors[0])
