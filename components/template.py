@@ -10,11 +10,13 @@ MarkAsTemplate -> hardware verified. docs/template.md explains the choice.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
 
 from components.config import LabConfig
 from components.rendering import template as template_rendering
@@ -28,21 +30,82 @@ ISO_CACHE = Path(os.environ.get("LABS_K8S_CACHE", Path.home() / ".cache" / "labs
 ISO_DATASTORE_DIR = "labs-k8s-iso"
 
 
+# Input key of each required field (the camelCase names the program registers).
+_REQUIRED_INPUTS = {
+    "name": "name", "stack": "stack", "datacenter": "datacenter", "cluster": "cluster",
+    "datastore": "datastore", "network": "network", "folder": "folder", "firmware": "firmware",
+    "vcpu": "vcpu", "memory_mib": "memoryMib", "disk_gib": "diskGib", "build_timeout_s": "buildTimeoutSeconds",
+    "iso_url": "isoUrl", "iso_sha256": "isoSha256", "iso_files": "isoFiles",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TemplateInputs:
+    """The provider's inputs as they arrive in the dynamic-provider host.
+
+    The SDK serializes them with pulumi.runtime.rpc.serialize_properties, which drops every None:
+    an unset optional input (labs-k8s:vsphere.resourcePool) is absent, not None. Numbers arrive as
+    floats. Everything reads the inputs through here, never as props[...] directly.
+    """
+
+    name: str
+    stack: str
+    datacenter: str
+    cluster: str
+    datastore: str
+    network: str
+    folder: str
+    firmware: str
+    vcpu: int
+    memory_mib: int
+    disk_gib: int
+    build_timeout_s: float
+    iso_url: str
+    iso_sha256: str
+    iso_files: Mapping[str, str]
+    resource_pool: str | None = None  # optional: the cluster's root pool
+
+    @staticmethod
+    def missing(props: Mapping[str, Any]) -> list[str]:
+        return [key for key in _REQUIRED_INPUTS.values() if props.get(key) in (None, "")]
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, Any]) -> TemplateInputs:
+        missing = cls.missing(props)
+        if missing:
+            raise ValueError(f"the golden template's inputs lack {', '.join(missing)}: a bug in components/template.py")
+        values = {field_name: props[key] for field_name, key in _REQUIRED_INPUTS.items()}
+        return cls(
+            **{**values, "vcpu": int(values["vcpu"]), "memory_mib": int(values["memory_mib"]),
+               "disk_gib": int(values["disk_gib"]), "build_timeout_s": float(values["build_timeout_s"])},
+            resource_pool=props.get("resourcePool") or None,
+        )
+
+
 class TemplateBuildProvider(ResourceProvider):
     """Runs in Pulumi's dynamic-provider process; every vCenter call goes through components.vsphere."""
 
-    def _session(self, props: dict[str, Any]) -> Any:
+    def _session(self, props: Mapping[str, Any]) -> Any:
         from components import vsphere
 
         host, _, port = str(props["server"]).partition(":")
         return vsphere.session(
-            host, props["user"], props["password"], port=int(port or 443), insecure=bool(props["allowUnverifiedSsl"])
+            host, props["user"], props["password"], port=int(port or 443),
+            insecure=bool(props.get("allowUnverifiedSsl", False)),
         )
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        # Runs in previews too: a missing input fails there, not an hour into a build.
+        missing = TemplateInputs.missing(news) + [
+            key for key in ("server", "user", "password") if news.get(key) in (None, "")
+        ]
+        return CheckResult(news, [CheckFailure(key, "required, but missing") for key in missing])
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         from components import iso, vsphere
 
-        name = props["name"]
+        spec = TemplateInputs.from_props(props)
+        name = spec.name
         with self._session(props) as si:
             existing = vsphere.find_vm(si, name)
             if existing is not None and existing.config.template:
@@ -52,33 +115,31 @@ class TemplateBuildProvider(ResourceProvider):
             if existing is not None:
                 # A builder VM left by an interrupted build: start over from a clean slate.
                 vsphere.destroy_vm(existing)
-            media = iso.build_install_media(
-                props["isoUrl"], props["isoSha256"], props["isoFiles"], f"{name}.iso", ISO_CACHE
-            )
+            media = iso.build_install_media(spec.iso_url, spec.iso_sha256, spec.iso_files, f"{name}.iso", ISO_CACHE)
             iso_path = vsphere.upload_to_datastore(
-                si, props["datacenter"], props["datastore"], f"{ISO_DATASTORE_DIR}/{media.name}", media
+                si, spec.datacenter, spec.datastore, f"{ISO_DATASTORE_DIR}/{media.name}", media
             )
-            spec = vsphere.BuilderVmSpec(
+            builder_spec = vsphere.BuilderVmSpec(
                 name=name,
-                datacenter=props["datacenter"],
-                cluster=props["cluster"],
-                datastore=props["datastore"],
-                network=props["network"],
+                datacenter=spec.datacenter,
+                cluster=spec.cluster,
+                datastore=spec.datastore,
+                network=spec.network,
                 iso_path=iso_path,
-                folder=props["folder"],
-                resource_pool=props["resourcePool"],
-                num_cpus=int(props["vcpu"]),
-                memory_mib=int(props["memoryMib"]),
-                disk_gib=int(props["diskGib"]),
-                firmware=props["firmware"],
-                annotation=f"labs-k8s golden template {name}; built by Pulumi stack {props['stack']}",
-                extra_config=vsphere.stack_tag(props["stack"]),
+                folder=spec.folder,
+                resource_pool=spec.resource_pool,
+                num_cpus=spec.vcpu,
+                memory_mib=spec.memory_mib,
+                disk_gib=spec.disk_gib,
+                firmware=spec.firmware,  # type: ignore[arg-type]
+                annotation=f"labs-k8s golden template {name}; built by Pulumi stack {spec.stack}",
+                extra_config=vsphere.stack_tag(spec.stack),
             )
-            builder = vsphere.create_builder_vm(si, spec)
+            builder = vsphere.create_builder_vm(si, builder_spec)
             try:
                 vsphere.power_on(builder.vm)
                 # The preseed ends with a power-off once the seal script has run in the target.
-                vsphere.wait_for_power_off(builder.vm, timeout_s=float(props["buildTimeoutSeconds"]))
+                vsphere.wait_for_power_off(builder.vm, timeout_s=spec.build_timeout_s)
                 vsphere.detach_iso(builder.vm, remove_device=True)
                 vsphere.mark_as_template(builder.vm)
                 self._verify(vsphere, builder.vm, name)
