@@ -234,13 +234,16 @@ def _config_value(value: Any) -> str:
     return str(value)
 
 
-def stack_config(stack: str = "labs", overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, str], list[str]]:
-    """Config and secret keys as the engine would pass them, from Pulumi.<stack>.yaml.
+def stack_config(
+    stack: str = "labs", overrides: Mapping[str, Any] | None = None, stack_file: str | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """Config and secret keys as the engine would pass them, from Pulumi.<stack>.yaml
+    (or Pulumi.<stack_file>.yaml: a second stack made from the same file).
 
     Encrypted values (`secure:`) and required secrets that are not set become clearly marked
     placeholders; so does a missing SSH public key. Preflight is off: there is no vCenter here.
     """
-    path = REPO_ROOT / f"Pulumi.{stack}.yaml"
+    path = REPO_ROOT / f"Pulumi.{stack_file or stack}.yaml"
     document = yaml.safe_load(path.read_text()) or {}
     raw: dict[str, Any] = dict(document.get("config") or {})
     secret_keys: list[str] = []
@@ -272,6 +275,10 @@ class OfflineRun:
     registrations: dict[str, Registration]
     stack_outputs: dict[str, Any]
     calls: list[tuple[str, dict[str, Any]]]
+    # The stack configuration the program ran with (values as the engine passes them) and which
+    # keys of it are secret: what the engine would also hand a dynamic provider's Configure.
+    config: dict[str, str] = field(default_factory=dict)
+    secret_keys: list[str] = field(default_factory=list)
 
     def by_name(self, name: str) -> Registration:
         matches = [r for r in self.registrations.values() if r.name == name]
@@ -307,9 +314,13 @@ def run_program(
     program: Callable[[], None] | None = None,
     preview: bool = False,
     monitor_sink: list[RecordingMonitor] | None = None,
+    stack_file: str | None = None,
 ) -> OfflineRun:
-    """Run `__main__.py` (or `program`) as the engine would, under mocks, and return what it registered."""
-    config, secret_keys = stack_config(stack, overrides)
+    """Run `__main__.py` (or `program`) as the engine would, under mocks, and return what it registered.
+
+    `stack_file` runs stack `stack` with the configuration of Pulumi.<stack_file>.yaml.
+    """
+    config, secret_keys = stack_config(stack, overrides, stack_file)
     vip = json.loads(config["labs-k8s:loadBalancer"]).get("vip", "10.3.60.100") if (
         "labs-k8s:loadBalancer" in config) else "10.3.60.100"
     mocks = LabMocks(vip=str(vip))
@@ -333,7 +344,7 @@ def run_program(
     finally:
         loop.close()
         asyncio.set_event_loop(None)
-    return OfflineRun(monitor.registrations, monitor.stack_outputs, mocks.calls)
+    return OfflineRun(monitor.registrations, monitor.stack_outputs, mocks.calls, config, secret_keys)
 
 
 def lab_config_from_stack(stack: str = "labs", overrides: Mapping[str, Any] | None = None) -> Any:

@@ -8,17 +8,12 @@ independently, with pycdlib.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import io
 import re
 import shutil
-import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import pycdlib
 import pytest
@@ -46,14 +41,17 @@ from components.rendering.template import (
     render_seal_script,
 )
 from tests.labs import make_lab_config
-from tests.requirements import require_tool, unavailable
+from tests.requirements import require_tool
+from tests.standin_iso import (
+    PROXY_VARIABLES,
+    SYSLINUX_BIOS,
+    VOLUME_ID,
+    QuietHandler,
+    build_standin_netinst,
+    debian_like_menus,
+    serve_directory,
+)
 from tests.test_template_render import grub_default_linux, isolinux_default_append, kernel_args
-
-ISOLINUX_BIN = Path("/usr/lib/ISOLINUX/isolinux.bin")
-ISOHYBRID_MBR = Path("/usr/lib/ISOLINUX/isohdpfx.bin")
-SYSLINUX_BIOS = Path("/usr/lib/syslinux/modules/bios")
-SYSLINUX_MODULES = ("ldlinux.c32", "vesamenu.c32", "libcom32.c32", "libutil.c32")
-VOLUME_ID = "Debian 12.12.0 amd64 n"
 
 # --------------------------------------------------------------------------- download
 
@@ -69,30 +67,14 @@ def payload(tmp_path: Path) -> tuple[Path, str]:
     return path, hashlib.sha256(data).hexdigest()
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    requests_seen: ClassVar[list[str]] = []
-
-    def log_message(self, format: str, *args: object) -> None:
-        _QuietHandler.requests_seen.append(self.path)
-
-
 @pytest.fixture
 def loopback_server(payload: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """An HTTP server on 127.0.0.1 serving the payload's directory; yields its base URL."""
-    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+    for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    _QuietHandler.requests_seen = []
-    handler = functools.partial(_QuietHandler, directory=str(payload[0].parent))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_directory(payload[0].parent) as url:
+        yield url
 
 
 def test_download_from_a_file_url_verifies_the_checksum(payload: tuple[Path, str], tmp_path: Path) -> None:
@@ -108,7 +90,7 @@ def test_download_from_loopback_http(payload: tuple[Path, str], loopback_server:
     dest = tmp_path / "cache" / source.name
     download_iso(f"{loopback_server}/{source.name}", sha.upper(), dest)
     assert hashlib.sha256(dest.read_bytes()).hexdigest() == sha
-    assert _QuietHandler.requests_seen == [f"/{source.name}"]
+    assert QuietHandler.requests_seen == [f"/{source.name}"]
 
 
 def test_checksum_mismatch_fails_clearly_and_leaves_nothing(
@@ -135,12 +117,12 @@ def test_a_verified_cached_iso_is_not_downloaded_again(
     url = f"{loopback_server}/{source.name}"
     download_iso(url, sha, dest)
     download_iso(url, sha, dest)
-    assert _QuietHandler.requests_seen == [f"/{source.name}"]
+    assert QuietHandler.requests_seen == [f"/{source.name}"]
     # A cached file that no longer matches is replaced by a fresh, verified download.
     dest.write_bytes(b"corrupted")
     download_iso(url, sha, dest)
     assert hashlib.sha256(dest.read_bytes()).hexdigest() == sha
-    assert len(_QuietHandler.requests_seen) == 2
+    assert len(QuietHandler.requests_seen) == 2
 
 
 def test_download_errors_name_the_url(loopback_server: str, tmp_path: Path) -> None:
@@ -162,100 +144,14 @@ def test_source_iso_name() -> None:
 # --------------------------------------------------------------------------- stand-in netinst ISO
 
 
-def _debian_like_menus() -> dict[str, str]:
-    """Boot menus shaped like Debian 12's (graphical installer first, no preseed)."""
-    return {
-        "isolinux/isolinux.cfg": "path\ninclude menu.cfg\ndefault vesamenu.c32\nprompt 0\ntimeout 0\n",
-        "isolinux/menu.cfg": "menu hshift 4\nmenu width 70\ninclude gtk.cfg\ninclude txt.cfg\n",
-        "isolinux/gtk.cfg": (
-            "default installgui\nlabel installgui\n\tmenu label ^Graphical install\n\tmenu default\n"
-            "\tkernel /install.amd/vmlinuz\n\tappend vga=788 initrd=/install.amd/gtk/initrd.gz --- quiet\n"
-        ),
-        "isolinux/txt.cfg": (
-            "label install\n\tmenu label ^Install\n\tkernel /install.amd/vmlinuz\n"
-            "\tappend vga=788 initrd=/install.amd/initrd.gz --- quiet\n"
-        ),
-        "boot/grub/grub.cfg": (
-            "set theme=/boot/grub/theme/1\nmenuentry --hotkey=g 'Graphical install' {\n"
-            "    set background_color=black\n    linux    /install.amd/vmlinuz vga=788 --- quiet\n"
-            "    initrd   /install.amd/gtk/initrd.gz\n}\n"
-        ),
-    }
+def _system_area(report: str) -> str:
+    match = re.search(r"^System area summary: (.*)$", report, re.MULTILINE)
+    return match.group(1) if match else ""
 
 
 @pytest.fixture(scope="module")
 def standin_iso(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require_tool("xorriso", "mkfs.vfat", "mmd", "mcopy")
-    missing = [str(p) for p in (ISOLINUX_BIN, ISOHYBRID_MBR) if not p.is_file()]
-    missing += [str(SYSLINUX_BIOS / m) for m in SYSLINUX_MODULES if not (SYSLINUX_BIOS / m).is_file()]
-    if missing:
-        unavailable(f"needs Debian's isolinux and syslinux-common packages (missing {', '.join(missing)})")
-    work = tmp_path_factory.mktemp("standin")
-    stage = work / "stage"
-    for rel, text in {
-        **_debian_like_menus(),
-        "install.amd/vmlinuz": "stand-in kernel\n",
-        "install.amd/initrd.gz": "stand-in initrd\n",
-        "install.amd/gtk/initrd.gz": "stand-in gtk initrd\n",
-        ".disk/info": 'Debian GNU/Linux 12.12.0 "Bookworm" - Official amd64 NETINST (stand-in)\n',
-        "md5sum.txt": "00000000000000000000000000000000  ./install.amd/vmlinuz\n",
-    }.items():
-        (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-        (stage / rel).write_text(text)
-    shutil.copy(ISOLINUX_BIN, stage / "isolinux" / "isolinux.bin")
-    for module in SYSLINUX_MODULES:
-        shutil.copy(SYSLINUX_BIOS / module, stage / "isolinux" / module)
-    # UEFI: a FAT image holding EFI/boot/bootx64.efi, as Debian's boot/grub/efi.img does. The
-    # loader inside is a placeholder: this test checks the boot records, it boots nothing.
-    efi_img = stage / "boot" / "grub" / "efi.img"
-    loader = work / "bootx64.efi"
-    loader.write_bytes(b"MZ stand-in EFI loader\n")
-    _run(["mkfs.vfat", "-C", str(efi_img), "1440"])
-    _run(["mmd", "-i", str(efi_img), "::/EFI", "::/EFI/boot"])
-    _run(["mcopy", "-i", str(efi_img), str(loader), "::/EFI/boot/bootx64.efi"])
-    iso = work / "debian-12.12.0-amd64-netinst.iso"
-    _run(
-        [
-            "xorriso",
-            "-as",
-            "mkisofs",
-            "-r",
-            "-J",
-            "-joliet-long",
-            "-V",
-            VOLUME_ID,
-            "-o",
-            str(iso),
-            "-isohybrid-mbr",
-            str(ISOHYBRID_MBR),
-            "-b",
-            "isolinux/isolinux.bin",
-            "-c",
-            "isolinux/boot.cat",
-            "-no-emul-boot",
-            "-boot-load-size",
-            "4",
-            "-boot-info-table",
-            "-eltorito-alt-boot",
-            "-e",
-            "boot/grub/efi.img",
-            "-no-emul-boot",
-            "-isohybrid-gpt-basdat",
-            str(stage),
-        ]
-    )
-    return iso
-
-
-def _run(args: list[str]) -> str:
-    result = subprocess.run(args, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, f"{' '.join(args)}\n{result.stdout}\n{result.stderr}"
-    return result.stdout
-
-
-def _system_area(report: str) -> str:
-    match = re.search(r"^System area summary: (.*)$", report, re.MULTILINE)
-    return match.group(1) if match else ""
+    return build_standin_netinst(tmp_path_factory.mktemp("standin"))
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +220,7 @@ def test_remaster_adds_preseed_and_seal_bundle(remastered: tuple[Path, dict[str,
     # Everything else is the source's, untouched.
     assert read_iso_file(iso, "/install.amd/vmlinuz") == b"stand-in kernel\n"
     assert read_iso_file(iso, "/isolinux/ldlinux.c32") == (SYSLINUX_BIOS / "ldlinux.c32").read_bytes()
-    assert read_iso_file(iso, "/isolinux/gtk.cfg").decode() == _debian_like_menus()["isolinux/gtk.cfg"]
+    assert read_iso_file(iso, "/isolinux/gtk.cfg").decode() == debian_like_menus()["isolinux/gtk.cfg"]
 
 
 def test_remastered_boot_menus_default_to_the_preseeded_install(remastered: tuple[Path, dict[str, str]]) -> None:
@@ -396,4 +292,4 @@ def test_prepare_template_iso_downloads_once_and_names_by_content(
     stamp = first.stat().st_mtime_ns
     assert prepare_template_iso(cfg, cache) == first
     assert first.stat().st_mtime_ns == stamp, "an existing remaster of the same version is reused"
-    assert _QuietHandler.requests_seen == [f"/{served.name}"], "the verified source ISO is downloaded once"
+    assert QuietHandler.requests_seen == [f"/{served.name}"], "the verified source ISO is downloaded once"

@@ -18,7 +18,10 @@ on it:
 - ReconfigureComputeResource_Task ignores drsConfig.enabled unless the binary
   carries build_vcsim.sh's backport (check with ``drs_toggle_works``);
 - the /folder datastore HTTP interface does not check the session cookie;
-- guest IPs only change through extraConfig ``SET.guest.ipAddress``.
+- guest IPs only change through extraConfig ``SET.guest.ipAddress``;
+- the password is fixed at start, unless the binary carries build_vcsim.sh's
+  rotatable-password hook: then ``Vcsim.rotate_password`` changes it while the
+  inventory lives on.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -86,6 +89,23 @@ class Vcsim:
     datastore: str = "LocalDS_0"
     network: str = "VM Network"
     dvs_portgroup: str = "DC0_DVPG0"
+    password_file: Path | None = None
+
+    @property
+    def server(self) -> str:
+        """What `vsphere:vsphereServer` says for this simulator: host:port."""
+        return f"{self.host}:{self.port}"
+
+    def rotate_password(self, new_password: str) -> Vcsim:
+        """Change the password vcsim accepts from now on; returns the updated handle.
+
+        Needs build_vcsim.sh's rotatable-password hook (LABS_K8S_VCSIM_PASSWORD_FILE); whether
+        the running binary has it is for the caller to check (a login with the old password
+        must then fail).
+        """
+        assert self.password_file is not None, "started without a password file"
+        self.password_file.write_text(new_password + "\n")
+        return replace(self, password=new_password)
 
 
 def vcsim_binary() -> str:
@@ -153,7 +173,9 @@ def _stop(proc: subprocess.Popen[str], stderr: tempfile._TemporaryFileWrapper[by
 
 
 @pytest.fixture
-def vcsim_factory(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Vcsim]]:
+def vcsim_factory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Vcsim]]:
     """Start any number of simulators: ``vcsim_factory(hosts=2)`` (Topology fields)."""
     # Our client code must not see this machine's CA bundle variable: vcsim's
     # certificate is self-signed and the tests choose their TLS trust explicitly.
@@ -171,6 +193,8 @@ def vcsim_factory(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Vcs
         # stderr goes to a file, not a pipe: vcsim logs there and an unread
         # pipe would fill up and block it mid-test.
         stderr = tempfile.NamedTemporaryFile(prefix="vcsim-", suffix=".log")  # noqa: SIM115 - closed in _stop
+        password_file = tmp_path_factory.mktemp("vcsim-password") / "password"
+        password_file.write_text(PASSWORD + "\n")
         proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -178,6 +202,7 @@ def vcsim_factory(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Vcs
             stderr=stderr,
             text=True,
             start_new_session=True,
+            env={**os.environ, "LABS_K8S_VCSIM_PASSWORD_FILE": str(password_file)},
         )
         running.append((proc, stderr))
         url = _read_url(proc, stderr, START_TIMEOUT_S)
@@ -186,7 +211,10 @@ def vcsim_factory(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Vcs
             raise RuntimeError(f"cannot parse vcsim URL {url!r}")
         host, port = match.group(1), int(match.group(2))
         _wait_port(host, port, START_TIMEOUT_S)
-        return Vcsim(host=host, port=port, user=USER, password=PASSWORD, pid=proc.pid, topology=topology)
+        return Vcsim(
+            host=host, port=port, user=USER, password=PASSWORD, pid=proc.pid, topology=topology,
+            password_file=password_file,
+        )
 
     yield start
     for proc, stderr in running:

@@ -8,10 +8,15 @@
 # (golang-github-vmware-govmomi-dev) but not vcsim/main.go, which lives in the
 # source package's orig tarball, so we fetch that with `apt-get source`.
 #
-# One local change is made before compiling (see patch_drs_enabled below):
-# vcsim 0.24's ReconfigureComputeResource_Task ignores drsConfig.enabled, so a
-# test could never turn DRS off; later govmomi releases apply it, we backport
-# that behaviour with our own few lines.
+# Two local changes are made before compiling:
+# - patch_drs_enabled: vcsim 0.24's ReconfigureComputeResource_Task ignores
+#   drsConfig.enabled, so a test could never turn DRS off; later govmomi
+#   releases apply it, we backport that behaviour with our own few lines.
+# - patch_rotatable_password: vcsim takes its password once, from -password.
+#   With LABS_K8S_VCSIM_PASSWORD_FILE set, every login checks against that
+#   file's current content instead, so a test can rotate the vCenter password
+#   while the inventory lives on (a restart would lose it). Test-only; vcsim
+#   behaves as upstream when the variable is unset.
 #
 # Idempotent: the binary is cached at $REPO/.cache/vcsim/vcsim (.cache is
 # gitignored) with a stamp of the build recipe beside it; when both are present
@@ -24,7 +29,7 @@ CACHE_DIR="$REPO/.cache/vcsim"
 BIN="$CACHE_DIR/vcsim"
 STAMP="$CACHE_DIR/vcsim.recipe"
 # Bump when the build recipe (packages, local change) changes so caches are rebuilt.
-RECIPE="govmomi-0.24.2 debian-bookworm drs-enabled-patch v1"
+RECIPE="govmomi-0.24.2 debian-bookworm drs-enabled-patch rotatable-password-patch v2"
 SRC_PKG="golang-github-vmware-govmomi"
 APT_PKGS=(golang-go golang-github-vmware-govmomi-dev dpkg-dev)
 DEB_SRC_FILE="/etc/apt/sources.list.d/labs-k8s-deb-src.sources"
@@ -66,6 +71,42 @@ GO
         "$sim/cluster_compute_resource.go"
     if ! grep -q 'c\.updateDrsEnabled,' "$sim/cluster_compute_resource.go"; then
         log "could not hook updateDrsEnabled into cluster_compute_resource.go"
+        exit 1
+    fi
+}
+
+# Test hook: the login password can change while vcsim runs (see the header).
+patch_rotatable_password() {
+    local sim="$1/simulator"
+    cat >"$sim/labs_k8s_password.go" <<'GO'
+package simulator
+
+import (
+	"os"
+	"strings"
+)
+
+// labsK8sPassword is the password a login must match: the current content of the
+// file named by LABS_K8S_VCSIM_PASSWORD_FILE (re-read on every login) when that is
+// set, else pass (the -password flag). Sessions already logged in stay valid, as on
+// a real vCenter after a password change.
+// Added by labs-k8s tests/tools/build_vcsim.sh (not part of govmomi 0.24.2).
+func labsK8sPassword(pass string) string {
+	name := os.Getenv("LABS_K8S_VCSIM_PASSWORD_FILE")
+	if name == "" {
+		return pass
+	}
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return "\x00unreadable password file"
+	}
+	return strings.TrimRight(string(data), "\n")
+}
+GO
+    sed -i 's/^\([[:space:]]*\)pass, _ := user\.Password()$/&\n\1pass = labsK8sPassword(pass)/' \
+        "$sim/session_manager.go"
+    if ! grep -q 'pass = labsK8sPassword(pass)' "$sim/session_manager.go"; then
+        log "could not hook labsK8sPassword into session_manager.go"
         exit 1
     fi
 }
@@ -164,6 +205,7 @@ gopath="$WORK/gopath"
 mkdir -p "$gopath/src/github.com/vmware"
 mv "$src_dir" "$gopath/src/github.com/vmware/govmomi"
 patch_drs_enabled "$gopath/src/github.com/vmware/govmomi"
+patch_rotatable_password "$gopath/src/github.com/vmware/govmomi"
 mkdir -p "$CACHE_DIR"
 
 log "compiling vcsim (GOPATH mode, offline)"
