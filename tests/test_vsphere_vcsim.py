@@ -101,9 +101,10 @@ def one(devices: list[object], kind: type) -> object:
     return found[0]
 
 
-def cluster_vms(count: int, disk_gib: int = 20) -> tuple[vs.PlannedVm, ...]:
+def cluster_vms(count: int, disk_gib: int = 2) -> tuple[vs.PlannedVm, ...]:
+    # Small: vcsim reports the free space of this machine's disk, which other jobs share.
     return tuple(
-        vs.PlannedVm(name=f"k8s-{i}", ip_addresses=(f"192.0.2.{10 + i}",), disk_gib=(disk_gib,), memory_mib=2048)
+        vs.PlannedVm(name=f"k8s-{i}", ip_addresses=(f"192.0.2.{10 + i}",), disk_gib=(disk_gib,), memory_mib=512)
         for i in range(count)
     )
 
@@ -459,8 +460,8 @@ def test_preflight_passes_on_three_hosts(si: vim.ServiceInstance, vcsim: Vcsim) 
     assert report.warnings == [], report.render()
     assert report.connected_hosts == 3
     assert report.datastore_free_bytes is not None and report.datastore_free_bytes > report.required_bytes > 0
-    # 7 x 20 GiB disks + 7 x 2 GiB swap, plus 15 %
-    assert report.required_bytes == int((7 * 20 + 7 * 2) * vs.GiB * 1.15)
+    # 7 x 2 GiB disks + 7 x 0.5 GiB swap, plus 15 %
+    assert report.required_bytes == int((7 * 2 + 7 * 0.5) * vs.GiB * 1.15)
 
 
 def test_preflight_two_hosts_cannot_hold_a_mandatory_three_vm_rule(
