@@ -79,6 +79,9 @@ class Registration:
     replace_on_changes: tuple[str, ...] = ()
     ignore_changes: tuple[str, ...] = ()
     retain_on_delete: bool = False
+    delete_before_replace: bool = False
+    # The resource option's timeouts as Pulumi duration strings ("" where unset).
+    custom_timeouts: dict[str, str] = field(default_factory=dict)
     wire_inputs: Any = field(default=None, repr=False)
     wire_outputs: Any = field(default=None, repr=False)
 
@@ -95,6 +98,11 @@ class Registration:
     def plain_inputs(self) -> dict[str, Any]:
         """For tests only, never written out: the inputs with secrets unwrapped."""
         return _unwrap(rpc.deserialize_properties(self.wire_inputs))
+
+    @functools.cached_property
+    def plain_outputs(self) -> dict[str, Any]:
+        """For tests only: what the mock provider computed, secrets unwrapped."""
+        return _unwrap(rpc.deserialize_properties(self.wire_outputs))
 
     @functools.cached_property
     def secret_input_keys(self) -> frozenset[str]:
@@ -151,6 +159,12 @@ class RecordingMonitor(MockMonitor):
                 replace_on_changes=tuple(request.replaceOnChanges),
                 ignore_changes=tuple(request.ignoreChanges),
                 retain_on_delete=bool(request.retainOnDelete),
+                delete_before_replace=bool(request.deleteBeforeReplace),
+                custom_timeouts={
+                    "create": request.customTimeouts.create,
+                    "update": request.customTimeouts.update,
+                    "delete": request.customTimeouts.delete,
+                },
                 wire_inputs=request.object,
                 wire_outputs=response.object,
             )

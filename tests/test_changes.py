@@ -1,0 +1,217 @@
+"""The change -> effect model (components/changes.py) and the runbook table it generates.
+
+The model's rules are the engine's and the providers' (cited in the module); these tests pin
+them on small hand-made graphs where the engine's answer is known, then run the real program
+before and after each runbook case and require the committed table to be exactly the result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from components import changes
+from components.changes import (
+    COMMAND,
+    VM,
+    apply_ignore_changes,
+    changed_paths,
+    parse_property_path,
+    path_contains,
+    plan_changes,
+)
+from components.offline import REPO_ROOT, OfflineRun, Registration
+
+RUNBOOK = REPO_ROOT / "docs" / "runbook.md"
+
+
+# --------------------------------------------------------------------------- property paths
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("extraConfig", ("extraConfig",)),
+        ('extraConfig["guestinfo.userdata"]', ("extraConfig", "guestinfo.userdata")),
+        ("disks[1].size", ("disks", 1, "size")),
+        ("clone.templateUuid", ("clone", "templateUuid")),
+        ("networkInterfaces[*].macAddress", ("networkInterfaces", "*", "macAddress")),
+        ("*", ("*",)),
+    ],
+)
+def test_property_paths_parse_like_pulumis(text, parsed):
+    assert parse_property_path(text) == parsed
+
+
+def test_contains_is_go_s_property_path_contains():
+    # sdk/go/common/resource/properties_path.go: `foo["bar"][1]` contains `foo.bar[1].baz`.
+    assert path_contains(parse_property_path('foo["bar"][1]'), parse_property_path("foo.bar[1].baz"))
+    assert path_contains(("foo", "*", "baz"), ("foo", "bar", "baz", "bam"))
+    assert not path_contains(('extraConfig', 'guestinfo.userdata'), ("extraConfig",))  # a shallower change
+    assert not path_contains(("disks", 1), ("disks", 0, "size"))
+
+
+def test_changed_paths_reach_the_leaves():
+    old = {"a": 1, "m": {"x": "1", "y": "2"}, "l": [{"s": 1}, {"s": 2}], "gone": 0}
+    new = {"a": 1, "m": {"x": "1", "y": "3", "z": "4"}, "l": [{"s": 1}, {"s": 5}], "l2": []}
+    assert changed_paths(old, new) == [("gone",), ("l", 1, "s"), ("l2",), ("m", "y"), ("m", "z")]
+    assert changed_paths({"l": [1]}, {"l": [1, 2]}) == [("l",)]
+
+
+def test_ignore_changes_puts_the_old_value_back():
+    old = {"clone": {"templateUuid": "old"}, "extraConfig": {"a": "1", "b": "2"}, "n": 1}
+    new = {"clone": {"templateUuid": "new"}, "extraConfig": {"a": "9", "b": "9"}, "n": 2}
+    assert apply_ignore_changes(old, new, ["clone", 'extraConfig["a"]']) == {
+        "clone": {"templateUuid": "old"}, "extraConfig": {"a": "1", "b": "9"}, "n": 2,
+    }
+
+
+# --------------------------------------------------------------------------- engine rules on small graphs
+
+
+def _reg(name: str, type_: str, inputs: dict[str, Any], *, deps: dict[str, list[str]] | None = None,
+         depends_on: list[str] | None = None, replace_on_changes: tuple[str, ...] = (),
+         ignore_changes: tuple[str, ...] = (), dbr: bool = False) -> Registration:
+    reg = Registration(
+        type=type_, name=name, urn=f"urn:{name}", parent="", custom=True,
+        dependencies=[f"urn:{d}" for d in [*(depends_on or []), *[x for v in (deps or {}).values() for x in v]]],
+        property_dependencies={k: [f"urn:{d}" for d in v] for k, v in (deps or {}).items()},
+        replace_on_changes=replace_on_changes, ignore_changes=ignore_changes, delete_before_replace=dbr,
+    )
+    reg.__dict__["plain_inputs"] = inputs  # cached_property: what the wire form would decode to
+    reg.__dict__["plain_outputs"] = {}
+    return reg
+
+
+def _run(*regs: Registration) -> OfflineRun:
+    return OfflineRun({r.urn: r for r in regs}, {}, [])
+
+
+def _vm(name: str, **inputs: Any) -> dict[str, Any]:
+    return {"name": name, "numCpus": 2, "memory": 4096, "extraConfig": {"guestinfo.userdata": "u"}, **inputs}
+
+
+def test_replace_on_changes_path_and_the_dependents_it_renews():
+    def graph(userdata: str) -> OfflineRun:
+        vm = _reg("vm", VM, _vm("vm", extraConfig={"guestinfo.userdata": userdata, "k": "1"}),
+                  replace_on_changes=('extraConfig["guestinfo.userdata"]',), dbr=True)
+        ready = _reg("ready", COMMAND, {"create": "x", "triggers": ["h", "vm-id"]}, deps={"triggers": ["vm"]})
+        after = _reg("after", COMMAND, {"create": "y", "triggers": ["h2", "ready-id"]}, deps={"triggers": ["ready"]})
+        other = _reg("other", COMMAND, {"create": "z"}, depends_on=["vm"])  # no data from the VM: untouched
+        return _run(vm, ready, after, other)
+
+    plan = plan_changes(graph("u1"), graph("u2"))
+    # In execution order: the delete-first halves come first, dependents before the VM.
+    assert [(e.name, e.action) for e in plan.effects] == [("after", "replace"), ("ready", "replace"),
+                                                          ("vm", "replace")]
+    vm = plan.effect("vm")
+    assert vm is not None and vm.delete_before_replace and vm.inputs == ("extraConfig",)
+    ready = plan.effect("ready")
+    assert ready is not None and ready.cause == "replaced: vm"
+    # Delete-before-replace: the dependents it renews are deleted before it, dependents first.
+    assert [(s.kind, s.names) for s in plan.steps[:3]] == [
+        ("delete first (replaced)", ("after",)), ("delete first (replaced)", ("ready",)),
+        ("delete first (replaced)", ("vm",)),
+    ]
+    assert [s.kind for s in plan.steps[3:]] == ["create replacement"] * 3
+
+
+def test_a_change_outside_the_replace_path_is_an_update_without_reboot_when_told_so():
+    def graph(value: str, reboot_flag: bool | None) -> OfflineRun:
+        inputs = _vm("vm", extraConfig={"guestinfo.userdata": "u", "guestinfo.other": value})
+        if reboot_flag is not None:
+            inputs["extraConfigRebootRequired"] = reboot_flag
+        return _run(_reg("vm", VM, inputs, replace_on_changes=('extraConfig["guestinfo.userdata"]',)))
+
+    quiet = plan_changes(graph("a", False), graph("b", False))
+    assert [(e.action, e.inputs, e.reboots) for e in quiet.effects] == [("update", ("extraConfig",), False)]
+    # terraform-provider-vsphere: extra_config_reboot_required defaults to true.
+    loud = plan_changes(graph("a", None), graph("b", None))
+    assert [(e.action, e.reboots) for e in loud.effects] == [("update", True)]
+    assert [s.kind for s in loud.steps] == ["update, power-cycles"]
+
+
+def test_vm_force_new_and_reboot_rules():
+    before = _run(_reg("vm", VM, _vm("vm", replaceTrigger="a", clone={"templateUuid": "t1", "timeout": 30})))
+    trigger = _run(_reg("vm", VM, _vm("vm", replaceTrigger="b", clone={"templateUuid": "t1", "timeout": 30})))
+    timeout = _run(_reg("vm", VM, _vm("vm", replaceTrigger="a", clone={"templateUuid": "t1", "timeout": 60})))
+    template = _run(_reg("vm", VM, _vm("vm", replaceTrigger="a", clone={"templateUuid": "t2", "timeout": 30})))
+    ignored = _run(_reg("vm", VM, _vm("vm", replaceTrigger="a", clone={"templateUuid": "t2", "timeout": 30}),
+                        ignore_changes=("clone",)))
+    cpus = _run(_reg("vm", VM, _vm("vm", replaceTrigger="a", numCpus=4, clone={"templateUuid": "t1", "timeout": 30})))
+    assert [e.action for e in plan_changes(before, trigger).effects] == ["replace"]
+    assert [e.action for e in plan_changes(before, timeout).effects] == ["update"]
+    assert [e.action for e in plan_changes(before, template).effects] == ["replace"]
+    assert plan_changes(before, ignored).effects == []
+    assert [(e.action, e.reboots) for e in plan_changes(before, cpus).effects] == [("update", True)]
+
+
+def test_an_ignored_input_is_not_renewed_by_its_replaced_source():
+    def graph(uuid: str) -> OfflineRun:
+        template = _reg("template", changes.RANDOM_ID, {"byteLength": 8, "keepers": {"v": uuid}})
+        vm = _reg("vm", VM, _vm("vm", clone={"templateUuid": "x"}), deps={"clone": ["template"]},
+                  ignore_changes=("clone",))
+        return _run(template, vm)
+
+    plan = plan_changes(graph("1"), graph("2"))
+    assert [(e.name, e.action) for e in plan.effects] == [("template", "replace")]
+
+
+def test_commands_replace_on_triggers_and_update_otherwise():
+    before = _run(_reg("step", COMMAND, {"create": "a", "triggers": ["1"], "connection": {"host": "h"}}))
+    rerun = _run(_reg("step", COMMAND, {"create": "a", "triggers": ["2"], "connection": {"host": "h"}}))
+    rekey = _run(_reg("step", COMMAND, {"create": "a", "triggers": ["1"], "connection": {"host": "h2"}}))
+    assert [(e.action, e.inputs) for e in plan_changes(before, rerun).effects] == [("replace", ("triggers",))]
+    assert [(e.action, e.inputs) for e in plan_changes(before, rekey).effects] == [("update", ("connection",))]
+
+
+def test_removed_resources_are_deleted_dependents_first():
+    vm = _reg("vm", VM, _vm("vm"))
+    ready = _reg("ready", COMMAND, {"create": "x", "triggers": ["vm-id"]}, deps={"triggers": ["vm"]})
+    drain = _reg("drain", COMMAND, {"create": "y", "delete": "drain"}, depends_on=["ready"])
+    keep = _reg("keep", COMMAND, {"create": "z"})
+    plan = plan_changes(_run(vm, ready, drain, keep), _run(keep))
+    assert [(s.kind, s.names) for s in plan.steps] == [
+        ("delete", ("drain",)), ("delete", ("ready",)), ("delete", ("vm",)),
+    ]
+
+
+def test_unknown_resource_types_are_refused_not_guessed():
+    before = _run(_reg("x", "aws:s3/bucket:Bucket", {"a": 1}))
+    after = _run(_reg("x", "aws:s3/bucket:Bucket", {"a": 2}))
+    with pytest.raises(ValueError, match="no provider rule for aws:s3/bucket:Bucket"):
+        plan_changes(before, after)
+
+
+# --------------------------------------------------------------------------- the real program
+
+
+def test_a_second_up_changes_nothing(offline_run):
+    from components.offline import run_program
+
+    assert plan_changes(offline_run, run_program("labs")).effects == []
+
+
+def test_the_template_provider_diff_is_the_one_that_runs(offline_run, run_with, lab_namespace):
+    """The dynamic provider's own diff() decides: a new ISO replaces the template, a new vCenter
+    password changes nothing about it."""
+    case = next(c for c in changes.CHANGE_CASES if "isoUrl" in c.title)
+    case.change(lab_namespace)
+    plan = plan_changes(offline_run, run_with(template=lab_namespace["template"]))
+    assert [(e.name, e.action) for e in plan.effects] == [("golden-template", "replace")]
+    from components.offline import run_program
+
+    rotated = run_program("labs", overrides={"vsphere:password": "another-password"})
+    template = rotated.by_name("golden-template")
+    assert template.plain_inputs["password"] == "another-password"  # the input really changed
+    assert plan_changes(offline_run, rotated).effect("golden-template") is None
+
+
+def test_runbook_table_is_computed_from_the_program():
+    text = RUNBOOK.read_text()
+    assert changes.TABLE_BEGIN in text and changes.TABLE_END in text
+    committed = text.split(changes.TABLE_BEGIN, 1)[1].split(changes.TABLE_END, 1)[0].lstrip("\n")
+    assert committed == changes.change_table(), (
+        "docs/runbook.md's change table is stale: python -m components.changes --write docs/runbook.md"
+    )
