@@ -22,7 +22,7 @@ from typing import Any
 
 import pulumi
 import yaml
-from google.protobuf import json_format
+from google.protobuf import json_format, struct_pb2
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 
@@ -414,15 +414,22 @@ def run_document(run: OfflineRun, key: bytes) -> dict[str, Any]:
     resources = []
     for reg in sorted(run.registrations.values(), key=lambda r: r.urn):
         entry = {f.name: getattr(reg, f.name) for f in dataclasses.fields(reg) if not f.name.startswith("wire_")}
-        entry["inputs"] = _fingerprint(json_format.MessageToDict(reg.wire_inputs, preserving_proto_field_name=True),
-                                       key)
+        inputs = json_format.MessageToDict(reg.wire_inputs, preserving_proto_field_name=True)
+        entry["inputs"] = _fingerprint(inputs, key)
+        entry["outputs"] = _fingerprint(json_format.MessageToDict(reg.wire_outputs), key)
+        provider = rpc.deserialize_properties(reg.wire_inputs).get("__provider") if reg.wire_inputs else None
+        if provider is not None:
+            # A dynamic resource's pickled provider (code, not data; the SDK marks it secret when a
+            # secret input sits beside it): its own diff() decides what changes for it.
+            entry["dynamic_provider"] = rpc.unwrap_rpc_secret(provider) if rpc.is_rpc_secret(provider) else provider
         resources.append(entry)
     return {"format": RUN_DOCUMENT_FORMAT, "resources": resources}
 
 
 def run_from_document(document: Mapping[str, Any]) -> OfflineRun:
-    """The OfflineRun a run document describes. `plain_inputs` hold the secrets' fingerprints (equal
-    fingerprints, equal values); `inputs` show them as "[secret]", as everywhere else."""
+    """The OfflineRun a run document describes, for components.changes. `plain_inputs` and
+    `plain_outputs` hold the secrets' fingerprints (equal fingerprints, equal values); `inputs` and
+    `outputs` show them as "[secret]", as everywhere else; `wire_inputs` holds only `__provider`."""
     if document.get("format") != RUN_DOCUMENT_FORMAT:
         raise ValueError(f"run document format {document.get('format')!r}, expected {RUN_DOCUMENT_FORMAT}")
     fields = {f.name: f for f in dataclasses.fields(Registration) if not f.name.startswith("wire_")}
@@ -433,9 +440,15 @@ def run_from_document(document: Mapping[str, Any]) -> OfflineRun:
             for name, value in entry.items()
             if name in fields
         }
+        if "dynamic_provider" in entry:
+            # The wire form of what the provider host is handed besides the inputs: `__provider`.
+            kwargs["wire_inputs"] = struct_pb2.Struct()
+            kwargs["wire_inputs"].update({"__provider": entry["dynamic_provider"]})
         reg = Registration(**kwargs)
-        # Seed the cached properties: there is no wire form to decode.
+        # Seed the cached properties: there is no full wire form to decode.
         reg.__dict__["plain_inputs"] = entry["inputs"]
         reg.__dict__["inputs"] = _fingerprints_hidden(entry["inputs"])
+        reg.__dict__["plain_outputs"] = entry.get("outputs", {})
+        reg.__dict__["outputs"] = _fingerprints_hidden(entry.get("outputs", {}))
         registrations[reg.urn] = reg
     return OfflineRun(registrations, {}, [])

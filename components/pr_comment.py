@@ -74,7 +74,8 @@ def _header(report: Mapping[str, Any]) -> str:
     return (
         f"{MARKER}\n### Rendered change of stack {_code(str(report.get('stack', '?')))}\n\n"
         f"Base {_commit(report.get('base') or {})} → head {_commit(report.get('head') or {})}, rendered offline by "
-        "`python -m components diff` (no vCenter involved): every file each machine is given.\n\n"
+        "`python -m components diff` (no vCenter involved): what `pulumi up` would do to each resource, and "
+        "every file each machine is given.\n\n"
     )
 
 
@@ -89,6 +90,33 @@ def _limited_rows(rows: Sequence[str], room: int, what: str) -> str:
         out.append(row)
         used += size(row)
     return "".join(out)
+
+
+_ACTIONS = ("create", "replace", "update", "delete")
+
+
+def _resources_section(resources: Sequence[Mapping[str, Any]] | None, room: int) -> str:
+    """The resources' effects grouped as `pulumi up` runs them (the runbook's change table's columns)."""
+    if resources is None:
+        return ("**Resources**: not compared (the base's code cannot record its run; it predates "
+                "`render --fingerprint-key`).\n\n")
+    counts = {action: sum(1 for r in resources if r.get("action") == action) for action in _ACTIONS}
+    said = ", ".join(f"{counts[a]} to {a}" for a in _ACTIONS if counts[a]) or "no change"
+    if not resources:
+        return f"**Resources**: {said}.\n\n"
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for change in resources:
+        secret = set(change.get("secret_inputs") or [])
+        inputs = ", ".join(_code(str(i)) + (" [secret]" if i in secret else "") for i in change.get("inputs") or [])
+        cause = str(change.get("cause") or "inputs")
+        key = (change.get("step"), str(change.get("kind")), html.escape(str(change.get("type_label"))), inputs,
+               "" if cause == "inputs" else f" (because {cause})")
+        groups.setdefault(key, []).append(_code(str(change.get("name"))))
+    rows = [f"| {step} | {kind}{because} | {label}: {', '.join(names)} | {inputs or '—'} |\n"
+            for (step, kind, label, inputs, because), names in groups.items()]
+    title = (f"**Resources**: {said}, in the order `pulumi up` runs them.\n\n"
+             "| # | what happens | resources | inputs that change |\n|---|---|---|---|\n")
+    return title + _limited_rows(rows, room - size(title), "resource groups") + "\n"
 
 
 def _files_section(files: Sequence[Mapping[str, Any]], room: int) -> str:
@@ -149,12 +177,15 @@ def build_comment(report: Mapping[str, Any], full_diff_url: str | None = None, l
         error = str(report["error"])[-(limit // 2):]
         return text + "**The diff could not be made:**\n\n" + _fence(error) + "\n" + _footer(0, False, full_diff_url)
     files = list(report.get("files") or [])
-    if not report.get("changed") or not files:
-        return text + "**No change** to any rendered file.\n"
+    if not report.get("changed"):
+        return text + "**No change** to any resource or rendered file.\n"
     for side in ("base", "head"):
         if report.get(side, {}).get("stack_file") is False:
             text += f"The stack file does not exist at the {side}: it renders nothing.\n\n"
     budget = limit - _FOOTER_ROOM
+    text += _resources_section(report.get("resources"), (budget - size(text)) // 3)
+    if not files:
+        return text + "**Files**: no rendered file changes.\n"
     text += _files_section(files, (budget - size(text)) // 2)
     shown: dict[str, Mapping[str, Any]] = {}  # diff body -> first file shown with it
     not_shown = 0

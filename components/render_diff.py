@@ -27,12 +27,14 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components import changes
 from components.artifacts import SECRET_PLACEHOLDERS
-from components.offline import SECRET_MARK
+from components.offline import SECRET_MARK, OfflineRun, Registration, run_from_document
 
 REPORT_FORMAT = 1
 WORKING_TREE = "working tree"
@@ -74,16 +76,39 @@ class FileChange:
 
 
 @dataclass
+class ResourceChange:
+    """One resource's effect, as components.changes computes it from the two runs."""
+
+    step: int  # when, in the order pulumi up runs them
+    kind: str  # what happens at that step: "update", "replace", "update, power-cycles", ...
+    action: str  # create, update, replace or delete
+    name: str
+    type: str
+    type_label: str  # "VM", "step", ... as the runbook's change table says
+    inputs: list[str]  # top-level inputs that change; for a replacement, those that force it first
+    secret_inputs: list[str]  # those of `inputs` whose value is secret: shown as [secret]
+    cause: str  # "inputs", or "replaced: <name>" when only a replaced dependency's outputs changed
+
+
+@dataclass
 class Report:
     stack: str
     base: Side
     head: Side
     files: list[FileChange] = field(default_factory=list)
+    # None when a side's code cannot record its run (older than `render --fingerprint-key`).
+    resources: list[ResourceChange] | None = field(default_factory=list)
     error: str = ""
 
     @property
     def changed(self) -> bool:
-        return bool(self.files)
+        return bool(self.files or self.resources)
+
+    def counts(self) -> dict[str, int]:
+        counts = {"create": 0, "update": 0, "replace": 0, "delete": 0}
+        for change in self.resources or []:
+            counts[change.action] += 1
+        return counts
 
     def document(self) -> dict[str, Any]:
         """The JSON form (`--json`): what the pull-request comment is built from."""
@@ -94,6 +119,7 @@ class Report:
             "head": {**asdict(self.head), "title": self.head.title},
             "changed": self.changed,
             "error": self.error,
+            "resources": None if self.resources is None else [asdict(r) for r in self.resources],
             "files": [asdict(f) for f in self.files],
         }
 
@@ -268,6 +294,39 @@ def file_changes(before: dict[tuple[str, str], str], after: dict[tuple[str, str]
     return changes
 
 
+def _secret_inputs(registration: Registration | None, names: Iterable[str]) -> list[str]:
+    if registration is None:
+        return []
+    return [n for n in names if SECRET_MARK in json.dumps(registration.inputs.get(n))]
+
+
+def resource_changes(base_render: Path, head_render: Path, base: Side, head: Side) -> list[ResourceChange] | None:
+    """Each resource's effect, from the runs both sides recorded (components.changes decides it)."""
+    runs = []
+    for side, render_dir in ((base, base_render), (head, head_render)):
+        if not side.stack_file:
+            runs.append(OfflineRun({}, {}, []))
+            continue
+        document = render_dir / "run.json"
+        if not document.is_file():
+            return None
+        runs.append(run_from_document(json.loads(document.read_text())))
+    before, after = runs
+    plan = changes.plan_changes(before, after)
+    when: dict[str, tuple[int, str]] = {}
+    for step in plan.steps:  # a create-before-delete replacement is in two steps: its first one says it
+        for name in step.names:
+            when.setdefault(name, (step.order, step.kind))
+    result = []
+    for effect in plan.effects:
+        registration = (after if effect.action != "delete" else before).registrations.get(effect.urn)
+        order, kind = when.get(effect.name, (0, effect.action))
+        label = changes._SHORT_TYPES.get(effect.type, effect.type)  # the runbook table's words
+        result.append(ResourceChange(order, kind, effect.action, effect.name, effect.type, label, list(effect.inputs),
+                                     _secret_inputs(registration, effect.inputs), effect.cause))
+    return result
+
+
 # --------------------------------------------------------------------------- the command
 
 
@@ -296,7 +355,24 @@ def compare(repo: Path, stack: str, against: str, workdir: Path) -> Report:
         report.error = f"a render took longer than {error.timeout:.0f} s"
     else:
         report.files = file_changes(rendered_files(renders["base"]), rendered_files(renders["head"]))
+        report.resources = resource_changes(renders["base"], renders["head"], base, head)
     return report
+
+
+_ACTION_WORDS = {"create": "to create", "update": "to update", "replace": "to replace", "delete": "to delete"}
+
+
+def resource_summary(report: Report) -> str:
+    """"2 to replace, 1 to update" (or why there is no summary)."""
+    if report.resources is None:
+        return "not compared: a side's code cannot record its run (it predates `render --fingerprint-key`)"
+    counts = report.counts()
+    return ", ".join(f"{counts[a]} {_ACTION_WORDS[a]}" for a in ("create", "replace", "update", "delete")
+                     if counts[a]) or "no change"
+
+
+def _inputs_text(change: ResourceChange) -> str:
+    return ", ".join(f"{i} [secret]" if i in change.secret_inputs else i for i in change.inputs)
 
 
 def report_text(report: Report) -> str:
@@ -305,11 +381,25 @@ def report_text(report: Report) -> str:
     if report.error:
         return f"{header}\ncannot compare: {report.error}\n"
     if not report.changed:
-        return f"{header}: no change to any rendered file\n"
+        detail = "any resource or rendered file" if report.resources is not None else "any rendered file"
+        return f"{header}: no change to {detail}\n"
     lines = [header, ""]
     for side in (report.base, report.head):
         if not side.stack_file:
             lines.append(f"Pulumi.{report.stack}.yaml does not exist at the {side.label}: it renders nothing")
+    lines.append(f"Resources: {resource_summary(report)}")
+    if report.resources:
+        lines.append("  (in the order pulumi up runs them; `because` is a dependency that is replaced)")
+        name_width = max(len(r.name) for r in report.resources)
+        kind_width = max(len(r.kind) for r in report.resources)
+        for change in report.resources:
+            because = f"  because {change.cause}" if change.cause != "inputs" else ""
+            lines.append(f"  {change.step:>2}  {change.kind:<{kind_width}}  {change.name:<{name_width}}  "
+                         f"{_inputs_text(change)}{because}".rstrip())
+    lines.append("")
+    if not report.files:
+        lines.append("Files: no rendered file changes")
+        return "\n".join(lines) + "\n"
     hosts = sorted({f.host for f in report.files})
     lines.append(f"Files: {len(report.files)} changed on {len(hosts)} "
                  f"{'host' if len(hosts) == 1 else 'hosts'} (a = {report.base.label}, b = {report.head.label})")

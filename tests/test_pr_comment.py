@@ -37,7 +37,7 @@ def report(files: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"format": 1, "stack": "labs",
             "base": {"title": "main (4b1c0de4b1c0)", "commit": "4b1c0de4b1c0" * 3, "stack_file": True},
             "head": {"title": "working tree at 9f8e7d6c5b4a", "commit": "9f8e7d6c5b4a" * 3, "stack_file": True},
-            "changed": bool(files), "error": "", "files": files, **extra}
+            "changed": bool(files), "error": "", "files": files, "resources": [], **extra}
 
 
 def well_formed(comment: str) -> None:
@@ -146,7 +146,7 @@ def test_the_same_change_on_many_machines_is_shown_once():
 
 
 def test_no_change_and_errors_are_said_plainly():
-    assert "**No change** to any rendered file." in build_comment(report([]), RUN_URL)
+    assert "**No change** to any resource or rendered file." in build_comment(report([]), RUN_URL)
     failed = build_comment(report([], error="the head does not render:\nlabs-k8s:loadBalancer.vip: ..."), RUN_URL)
     assert "**The diff could not be made:**" in failed and "labs-k8s:loadBalancer.vip" in failed
     well_formed(failed)
@@ -315,3 +315,38 @@ def test_api_errors_fail_the_step(github, tmp_path):
     assert missing.returncode == 1 and "HTTP 404" in missing.stderr
     unmarked = post(url, tmp_path, 9, "no marker")
     assert unmarked.returncode == 1 and "no marker" in unmarked.stderr
+
+
+def resource(step: int, action: str, name: str, inputs: list[str], secret: list[str] | None = None,
+             cause: str = "inputs") -> dict[str, Any]:
+    return {"step": step, "kind": action, "action": action, "name": name, "type": "command:remote:Command",
+            "type_label": "step", "inputs": inputs, "secret_inputs": secret or [], "cause": cause}
+
+
+def test_the_resources_come_first_grouped_as_pulumi_up_runs_them():
+    resources = [resource(1, "replace", "labs-k8s-lb01-lb-setup", ["triggers", "stdin"], ["triggers", "stdin"]),
+                 resource(1, "replace", "labs-k8s-lb02-lb-setup", ["triggers", "stdin"], ["triggers", "stdin"]),
+                 resource(2, "replace", "labs-k8s-m01-kubeadm-init", ["triggers"], ["triggers"],
+                          cause="replaced: labs-k8s-lb01-lb-setup")]
+    files = [file_change("labs-k8s-lb01", "steps/lb-setup/haproxy.cfg", 3)]
+    comment = build_comment(report(files, resources=resources), RUN_URL)
+    assert "**Resources**: 3 to replace, in the order `pulumi up` runs them." in comment
+    assert ("| 1 | replace | step: `labs-k8s-lb01-lb-setup`, `labs-k8s-lb02-lb-setup` | "
+            "`triggers` [secret], `stdin` [secret] |") in comment
+    assert ("| 2 | replace (because replaced: labs-k8s-lb01-lb-setup) | step: `labs-k8s-m01-kubeadm-init` | "
+            "`triggers` [secret] |") in comment
+    assert comment.index("**Resources**") < comment.index("**Files**") < comment.index("<details")
+    # A change of resources alone (a rotated key) is a change: no "No change", no file table.
+    only = build_comment(report([], resources=resources[:1]) | {"changed": True}, RUN_URL)
+    assert "**No change**" not in only and "**Files**: no rendered file changes." in only
+    # A base too old to record its run: said, not hidden.
+    old = build_comment(report(files, resources=None), RUN_URL)
+    assert "**Resources**: not compared" in old
+
+
+def test_a_huge_resource_list_is_shortened_too():
+    resources = [resource(i, "update", f"step-{i:04d}", ["connection"], ["connection"]) for i in range(4000)]
+    comment = build_comment(report([file_change("h", "f", 3)], resources=resources), RUN_URL)
+    assert size(comment) <= COMMENT_LIMIT
+    assert re.search(r"\| … \| \d+ more resource groups: see the full diff \| \|", comment)
+    assert "<summary><code>h/f</code>" in comment  # the first diff still fits

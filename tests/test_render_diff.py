@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from typing import Any
 import pytest
 
 from components.artifacts import PLACEHOLDERS, SECRET_PLACEHOLDERS
-from components.offline import REPO_ROOT
+from components.changes import CHANGE_CASES, case_runs, plan_changes
+from components.offline import REPO_ROOT, run_document, run_from_document
 from components.pr_comment import build_comment
 from components.render_diff import pin_mismatches, redact, side_python
 
@@ -30,6 +32,7 @@ from components.render_diff import pin_mismatches, redact, side_python
 OLD_PASSWORD_CIPHERTEXT = "v1:Q2lwaGVyT2xkMDAw:T2xkUGFzc3dvcmRDaXBoZXJ0ZXh0QUFBQUFBQUFBQQ=="
 NEW_PASSWORD_CIPHERTEXT = "v1:Q2lwaGVyTmV3MTEx:TmV3UGFzc3dvcmRDaXBoZXJ0ZXh0QkJCQkJCQkJCQg=="
 KEY_CIPHERTEXT = "v1:S2V5Tm9uY2UyMjI=:U3NoS2V5Q2lwaGVydGV4dENDQ0NDQ0NDQ0NDQ0NDQ0NDQw=="
+NEW_KEY_CIPHERTEXT = "v1:S2V5Tm9uY2UzMzM=:TmV3U3NoS2V5Q2lwaGVydGV4dERERERERERERERERERERA=="
 NEW_WORKER = "labs-k8s-w03"
 
 
@@ -43,6 +46,9 @@ class Outcome:
     def files(self) -> set[tuple[str, str, str]]:
         return {(f["host"], f["path"], f["status"]) for f in self.report["files"]}
 
+    def resources(self, action: str | None = None) -> dict[str, dict[str, Any]]:
+        return {r["name"]: r for r in self.report["resources"] if action in (None, r["action"])}
+
     def file_diff(self, host: str, path: str) -> str:
         matches = [f["diff"] for f in self.report["files"] if (f["host"], f["path"]) == (host, path)]
         assert len(matches) == 1, f"{host}/{path}: {len(matches)} diffs"
@@ -50,8 +56,8 @@ class Outcome:
 
     def assert_no_secret_in_clear(self) -> None:
         text = self.stdout + self.stderr + json.dumps(self.report)
-        for leaked in (OLD_PASSWORD_CIPHERTEXT, NEW_PASSWORD_CIPHERTEXT, KEY_CIPHERTEXT, "PRIVATE KEY-----",
-                       "[placeholder"):
+        for leaked in (OLD_PASSWORD_CIPHERTEXT, NEW_PASSWORD_CIPHERTEXT, KEY_CIPHERTEXT, NEW_KEY_CIPHERTEXT,
+                       "PRIVATE KEY-----", "[placeholder", "[secret:"):
             assert leaked not in text
         for what, value in SECRET_PLACEHOLDERS.items():
             # As a value of its own: the certificate key's zeros also occur in the public CA hash.
@@ -156,6 +162,19 @@ def test_a_haproxy_timeout_change_shows_on_both_balancers_and_nowhere_else(hapro
     assert "Files: 2 changed on 2 hosts" in outcome.stdout
     assert outcome.stdout.count("+    timeout client-fin 45s") == 2
     assert outcome.report["changed"] is True
+    # Resources: only the two balancers' setup steps change by their own inputs; their bundle (stdin)
+    # holds the VRRP password, so it and its hash (triggers) are secret. Whatever else changes only
+    # follows from their replacement.
+    lb_setup = {"labs-k8s-lb01-lb-setup", "labs-k8s-lb02-lb-setup"}
+    changed = outcome.resources()
+    assert {name for name, r in changed.items() if r["cause"] == "inputs"} == lb_setup
+    for name in lb_setup:
+        assert changed[name]["action"] == "replace"  # pulumi-command replaces a Command on new triggers
+        assert changed[name]["inputs"][0] == "triggers" and "stdin" in changed[name]["inputs"]
+        assert set(changed[name]["secret_inputs"]) == {"triggers", "stdin"}
+        assert re.search(rf"^\s+1\s+replace\s+{name}\s+triggers \[secret\], stdin \[secret\]$", outcome.stdout, re.M)
+    assert not outcome.resources("create") and not outcome.resources("delete")
+    assert all(r["type"] == "command:remote:Command" for r in changed.values())
     outcome.assert_no_secret_in_clear()
 
 
@@ -183,15 +202,33 @@ def test_an_added_worker_adds_its_machine_and_its_drain_step(project):
     # The join config carries the bootstrap token: it is shown as [secret], never as its value.
     join = outcome.file_diff(NEW_WORKER, "steps/kubeadm-join/kubeadm-join.yaml")
     assert '+    token: "[secret]"' in join
+    # Resources: the machine and its steps are created, the workers' DRS rule takes it in.
+    created = outcome.resources("create")
+    assert {NEW_WORKER, f"{NEW_WORKER}-ready", f"{NEW_WORKER}-prepare", f"{NEW_WORKER}-kubeadm-join",
+            f"{NEW_WORKER}-drain-on-removal"} <= set(created)
+    assert created[NEW_WORKER]["type"] == "vsphere:index/virtualMachine:VirtualMachine"
+    assert all(name.startswith(NEW_WORKER) for name in created)
+    rule = outcome.resources()["workers-anti-affinity"]  # how it changes is components.changes' call
+    assert rule["action"] in ("update", "replace") and rule["inputs"] == ["virtualMachineIds"]
+    assert not outcome.resources("delete")
     outcome.assert_no_secret_in_clear()
 
 
-def test_a_rotated_secret_is_never_shown(project):
+def test_a_rotated_ssh_key_updates_every_remote_step_and_is_never_shown(project):
     outcome = scenario(project, "secret-rotated", (
-        "Pulumi.labs.yaml", lambda t: t.replace(OLD_PASSWORD_CIPHERTEXT, NEW_PASSWORD_CIPHERTEXT)))
+        "Pulumi.labs.yaml", lambda t: t.replace(KEY_CIPHERTEXT, NEW_KEY_CIPHERTEXT)))
     assert outcome.returncode == 0, outcome.stderr
-    # No machine is given a different file: the password goes to vCenter, not to a node.
+    # No machine is given a different file: the key is how the steps log in, not what they install.
     assert outcome.files() == set()
+    assert "Files: no rendered file changes" in outcome.stdout
+    # Every remote step logs in with it: each one is updated (not replaced) for its `connection`.
+    changed = outcome.resources()
+    assert len(changed) >= 29 and {r["type"] for r in changed.values()} == {"command:remote:Command"}
+    for name, change in changed.items():
+        assert (change["action"], change["inputs"], change["secret_inputs"]) == (
+            "update", ["connection"], ["connection"]), name
+    assert f"{len(changed)} to update" in outcome.stdout
+    assert "connection [secret]" in outcome.stdout
     outcome.assert_no_secret_in_clear()
 
 
@@ -207,9 +244,9 @@ def test_nothing_changed_prints_one_line_and_exits_0(project):
     for outcome in (committed, uncommitted):
         assert outcome.returncode == 0, outcome.stderr
         assert outcome.report["changed"] is False
-        assert outcome.report["files"] == []
+        assert outcome.report["files"] == [] and outcome.report["resources"] == []
         assert len(outcome.stdout.splitlines()) == 1
-        assert outcome.stdout.rstrip().endswith("no change to any rendered file")
+        assert outcome.stdout.rstrip().endswith("no change to any resource or rendered file")
     assert "with uncommitted changes" not in committed.stdout
     assert "with uncommitted changes" in uncommitted.stdout
 
@@ -310,3 +347,16 @@ def test_an_encrypted_value_renders_as_a_placeholder_named_after_its_ciphertext(
     assert key.splitlines()[0] == PLACEHOLDER_PRIVATE_KEY.splitlines()[0]
     assert key.splitlines()[-1] == PLACEHOLDER_PRIVATE_KEY.splitlines()[-1]
     assert key != PLACEHOLDER_PRIVATE_KEY
+
+
+@pytest.mark.parametrize("case", CHANGE_CASES, ids=lambda c: c.title)
+def test_a_recorded_run_plans_as_the_live_run_does(case, offline_run):
+    """The run document loses nothing components.changes reads: each of the runbook's changes plans
+    the same from two recorded runs (as `diff` has them) as from the live ones."""
+    key = secrets.token_bytes(32)
+    before, after = case_runs(case, "labs", offline_run)
+    live = plan_changes(before, after)
+    recorded = plan_changes(*(run_from_document(json.loads(json.dumps(run_document(run, key))))
+                              for run in (before, after)))
+    assert recorded.effects == live.effects
+    assert recorded.steps == live.steps
