@@ -6,9 +6,11 @@ working tree's tracked and unignored files) rendered by its own code in a subpro
 interpreter whose installed packages match that side's requirements.txt. Nothing talks to vCenter
 or to the network (except pip, when a side pins other packages than this interpreter has).
 
-The report has a resource summary and a unified diff of every rendered file, per host. Secrets
-stay `[secret]`: the files' generated-secret placeholders are shown as `[secret]`, and resources'
-secret inputs are compared through HMACs under a key made for this run and never written out.
+The report has a resource summary and a unified diff of every rendered file, per host. The
+summary is components.changes (the model the runbook's change table comes from) applied to the
+runs both sides recorded, run by this process (the working tree's code). Secrets stay `[secret]`:
+the files' generated-secret placeholders are shown as `[secret]`, and resources' secret inputs are
+compared through HMACs under a key made for this run and never written out.
 It exits 0 whether or not anything changed; 2 when a side cannot be rendered.
 """
 
