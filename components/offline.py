@@ -26,6 +26,8 @@ from google.protobuf import json_format, struct_pb2
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 
+from components.ssh_keys import RENDER_PLACEHOLDER_MARK
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "labs-k8s"
 SECRET_MARK = "[secret]"
@@ -41,7 +43,7 @@ PLACEHOLDER_PUBLIC_KEY = (
 
 def _private_key_placeholder(note: str = "") -> str:
     return (
-        f"-----BEGIN OPENSSH PRIVATE KEY-----\nRENDER-PLACEHOLDER: set labs-k8s:sshPrivateKey{note}\n"
+        f"-----BEGIN OPENSSH PRIVATE KEY-----\n{RENDER_PLACEHOLDER_MARK}: set labs-k8s:sshPrivateKey{note}\n"
         "-----END OPENSSH PRIVATE KEY-----\n"
     )
 
@@ -239,6 +241,33 @@ class LabMocks(pulumi.runtime.Mocks):
 # --------------------------------------------------------------------------- stack files
 
 
+class StackFileError(ValueError):
+    """The stack file is missing or is not YAML; the message says what to do."""
+
+
+def stack_file_path(stack: str) -> Path:
+    return REPO_ROOT / f"Pulumi.{stack}.yaml"
+
+
+def read_stack_file(stack: str) -> dict[str, Any]:
+    """The parsed Pulumi.<stack>.yaml, or StackFileError naming the file and the fix."""
+    path = stack_file_path(stack)
+    if not path.is_file():
+        others = sorted(p.name for p in REPO_ROOT.glob("Pulumi.*.yaml"))
+        raise StackFileError(
+            f"no stack file {path.name} in {REPO_ROOT}: stack {stack!r} has no settings here. "
+            f"Make it from the example: cp Pulumi.labs.yaml {path.name}, then edit it "
+            f"(README, \"What to change for your site\"). Stack files here: {', '.join(others) or 'none'}"
+        )
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise StackFileError(f"{path.name} is not valid YAML: {error}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("config") or {}, dict):
+        raise StackFileError(f"{path.name}: expected a mapping with a `config:` mapping (see Pulumi.labs.yaml)")
+    return document
+
+
 def _config_value(value: Any) -> str:
     """Pulumi hands structured config to programs as JSON strings, scalars as strings."""
     if isinstance(value, bool):
@@ -257,8 +286,7 @@ def stack_config(
     Encrypted values (`secure:`) and required secrets that are not set become clearly marked
     placeholders; so does a missing SSH public key. Preflight is off: there is no vCenter here.
     """
-    path = REPO_ROOT / f"Pulumi.{stack_file or stack}.yaml"
-    document = yaml.safe_load(path.read_text()) or {}
+    document = read_stack_file(stack_file or stack)
     raw: dict[str, Any] = dict(document.get("config") or {})
     secret_keys: list[str] = []
     for key, value in list(raw.items()):

@@ -13,7 +13,14 @@ import pulumi
 
 from components.artifacts import PLACEHOLDERS, host_artifacts
 from components.config import LabConfigError
-from components.offline import OfflineRun, Registration, lab_config_from_stack, run_document, run_program
+from components.offline import (
+    OfflineRun,
+    Registration,
+    StackFileError,
+    lab_config_from_stack,
+    run_document,
+    run_program,
+)
 
 
 def plan_document(run: OfflineRun) -> list[dict[str, Any]]:
@@ -100,6 +107,9 @@ def render(stack: str, out: Path, fingerprint_key_file: Path | None = None) -> i
     try:
         lab = lab_config_from_stack(stack)
         run = run_program(stack)
+    except StackFileError as error:
+        print(f"render: {error}", file=sys.stderr)
+        return 2
     except LabConfigError as error:
         print(error, file=sys.stderr)
         return 2

@@ -22,8 +22,24 @@ from components.config import (
     LabConfigError,
     load_lab_config,
 )
+from components.ssh_keys import private_key_problem
 
 SSH_PRIVATE_KEY = "sshPrivateKey"
+# What the vSphere provider (Go, strconv.ParseBool) accepts for a boolean setting such as
+# vsphere:allowUnverifiedSsl; pyvmomi must read the same value the same way.
+_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+
+
+def provider_bool(value: str | None, default: bool = False) -> bool:
+    """A vSphere provider boolean (config or environment); ValueError for anything else."""
+    if value is None or value.strip() == "":
+        return default
+    if value.strip() in _TRUE:
+        return True
+    if value.strip() in _FALSE:
+        return False
+    raise ValueError(f"{value!r} is neither true nor false")
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,21 @@ def _provider_setting(vsphere: pulumi.Config, key: str, env: str) -> str | None:
     return vsphere.get(key) or os.environ.get(env)
 
 
+def _with_public_key_command(error: LabConfigError, stack: str) -> LabConfigError:
+    """A missing ssh.publicKey gets the exact command that sets it."""
+    problems = [
+        ConfigProblem(
+            p.key,
+            f"not set; the nodes trust this key for the remote steps: pulumi config set --stack {stack} "
+            f"--path '{NAMESPACE}:ssh.publicKey' \"$(cat ~/.ssh/labs-k8s.pub)\"",
+        )
+        if p.key == "ssh.publicKey" and "required" in p.message
+        else p
+        for p in error.problems
+    ]
+    return LabConfigError(problems)
+
+
 def read_stack_inputs() -> StackInputs:
     """Validate everything before a single resource is registered.
 
@@ -72,43 +103,66 @@ def read_stack_inputs() -> StackInputs:
     """
     config = pulumi.Config(NAMESPACE)
     vsphere = pulumi.Config("vsphere")
+    stack = pulumi.get_stack()
     try:
         lab = load_lab_config(_raw_namespace(config))
     except LabConfigError as error:
-        raise pulumi.RunError(str(error)) from None
+        raise pulumi.RunError(str(_with_public_key_command(error, stack))) from None
 
     missing: list[str] = []
     # Read raw only to check its shape; the value itself stays inside a secret Output.
     raw_private_key = str(pulumi.runtime.config.get_config(f"{NAMESPACE}:{SSH_PRIVATE_KEY}") or "")
     private_key = config.get_secret(SSH_PRIVATE_KEY)
+    set_private_key = f"pulumi config set --stack {stack} --secret {NAMESPACE}:{SSH_PRIVATE_KEY} < ~/.ssh/labs-k8s"
     if not raw_private_key.strip():
-        missing.append(
-            f"{NAMESPACE}:{SSH_PRIVATE_KEY}: not set; the remote steps log in with it: "
-            f"pulumi config set --secret {NAMESPACE}:{SSH_PRIVATE_KEY} < ~/.ssh/id_ed25519"
-        )
+        missing.append(f"{NAMESPACE}:{SSH_PRIVATE_KEY}: not set; the remote steps log in with it: {set_private_key}")
     elif "PRIVATE KEY-----" not in raw_private_key:
         missing.append(
             f"{NAMESPACE}:{SSH_PRIVATE_KEY}: not a private key (no '-----BEGIN ... PRIVATE KEY-----' block); "
-            f"set the key file's contents: pulumi config set --secret {NAMESPACE}:{SSH_PRIVATE_KEY} < ~/.ssh/id_ed25519"
+            f"set the key file's contents: {set_private_key}"
         )
+    else:
+        key_problem = private_key_problem(raw_private_key, lab.ssh.public_key, stack)
+        if key_problem:
+            missing.append(f"{NAMESPACE}:{SSH_PRIVATE_KEY}: {key_problem}")
     server = _provider_setting(vsphere, "vsphereServer", "VSPHERE_SERVER")
     user = _provider_setting(vsphere, "user", "VSPHERE_USER")
     # The provider's own precedence: stack config first, then the environment.
     plain_password = str(pulumi.runtime.config.get_config("vsphere:password") or os.environ.get("VSPHERE_PASSWORD", ""))
     password = pulumi.Output.secret(plain_password) if plain_password else None
     if not server:
-        missing.append("vsphere:vsphereServer: not set; pulumi config set vsphere:vsphereServer <vcenter host>")
+        missing.append(
+            f"vsphere:vsphereServer: not set (nor VSPHERE_SERVER); "
+            f"pulumi config set --stack {stack} vsphere:vsphereServer <vcenter host name>"
+        )
     if not user:
-        missing.append("vsphere:user: not set; pulumi config set vsphere:user <user@vsphere.local>")
+        missing.append(
+            f"vsphere:user: not set (nor VSPHERE_USER); "
+            f"pulumi config set --stack {stack} vsphere:user <user@vsphere.local>"
+        )
     if password is None:
-        missing.append("vsphere:password: not set; pulumi config set --secret vsphere:password (or VSPHERE_PASSWORD)")
+        missing.append(
+            f"vsphere:password: not set (nor VSPHERE_PASSWORD); "
+            f"pulumi config set --stack {stack} --secret vsphere:password"
+        )
+    raw_insecure = _provider_setting(vsphere, "allowUnverifiedSsl", "VSPHERE_ALLOW_UNVERIFIED_SSL")
+    insecure = False
+    try:
+        insecure = provider_bool(raw_insecure)
+    except ValueError as error:
+        source = "vsphere:allowUnverifiedSsl" if vsphere.get("allowUnverifiedSsl") else "VSPHERE_ALLOW_UNVERIFIED_SSL"
+        missing.append(
+            f"{source}: {error}; write true or false: "
+            f"pulumi config set --stack {stack} vsphere:allowUnverifiedSsl false "
+            "(true skips vCenter's certificate check: a lab without a trusted vCenter CA only, see "
+            "docs/runbook.md#trusting-the-vcenter-certificate)"
+        )
     if missing:
         raise pulumi.RunError(
             f"the {NAMESPACE} config has {len(missing)} problem(s); nothing was created:\n"
             + "\n".join(f"  - {line}" for line in missing)
         )
     assert private_key is not None and password is not None and server and user
-    insecure = (_provider_setting(vsphere, "allowUnverifiedSsl", "VSPHERE_ALLOW_UNVERIFIED_SSL") or "false")
     return StackInputs(
         lab=lab,
         ssh_private_key=private_key,
@@ -116,8 +170,8 @@ def read_stack_inputs() -> StackInputs:
             server=server,
             user=user,
             password=password,
-            allow_unverified_ssl=insecure.strip().lower() in ("true", "1", "yes"),
+            allow_unverified_ssl=insecure,
             plain_password=plain_password,
         ),
-        stack=pulumi.get_stack(),
+        stack=stack,
     )

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.stack_config import provider_bool
+
 ROLES = ("balancer", "control-plane", "worker")
 REQUIRED_OUTPUTS = ("apiEndpoint", "kubeconfig", "nodes")
 # vsphere:<key> in the stack config, else this environment variable (as the provider reads them).
@@ -76,10 +78,6 @@ class DrillInputs:
         raise InputsError(f"no node {name!r} in the stack's nodes output ({', '.join(n.name for n in self.nodes)})")
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("true", "1", "yes")
-
-
 def parse_inputs(
     stack: str,
     outputs: Mapping[str, Any],
@@ -121,6 +119,13 @@ def parse_inputs(
     if need_vcenter:
         values = {key: (config.get(f"vsphere:{key}") or env.get(var) or None) for key, var in VCENTER_KEYS.items()}
         absent = [f"vsphere:{k} (or {VCENTER_KEYS[k]})" for k in ("vsphereServer", "user", "password") if not values[k]]
+        try:
+            insecure = provider_bool(values["allowUnverifiedSsl"])
+        except ValueError as error:
+            insecure = False
+            problems.append(
+                f"vsphere:allowUnverifiedSsl (or VSPHERE_ALLOW_UNVERIFIED_SSL): {error}; write true or false"
+            )
         if absent:
             problems.append(f"vCenter login incomplete, not set: {', '.join(absent)}")
         else:
@@ -130,7 +135,7 @@ def parse_inputs(
                 server=host,
                 user=str(values["user"]),
                 password=str(values["password"]),
-                insecure=_truthy(values["allowUnverifiedSsl"]),
+                insecure=insecure,
                 port=int(port) if port.isdigit() else 443,
             )
     datacenter = None
