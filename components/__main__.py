@@ -10,6 +10,12 @@ files that change between REF and the working tree, each rendered offline by its
 
 `python -m components drill <scenario> [--stack labs] [--dry-run]`: a failure drill against the
 live lab (components/drills, docs/drills.md).
+
+`python -m components privileges [--stack labs] [--phase up|preview]`: the govc commands that
+create the vCenter roles this project needs (docs/runbook.md, "vCenter privileges").
+
+`python -m components check --stack labs --for up|preview|destroy`: what `make up`, `make preview`
+and `make destroy` run before the Pulumi CLI: the CLI, the login, the stack and its settings.
 """
 
 from __future__ import annotations
@@ -35,6 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     diff_parser.add_argument("--against", required=True, metavar="REF", help="git ref to compare with (the base)")
     diff_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (the PR comment)")
     drill_cli.add_parser(commands)
+    privileges_parser = commands.add_parser("privileges", help="govc commands creating the vCenter roles")
+    privileges_parser.add_argument("--stack", help="fill in this stack's datacenter, folder, ... (default: variables)")
+    privileges_parser.add_argument("--phase", choices=("up", "preview"), default="up",
+                                   help="up: every role; preview: the read-only role pulumi preview needs")
+    privileges_parser.add_argument("--principal", help="the vCenter user or group (default: the stack's vsphere:user)")
+    privileges_parser.add_argument("--write-docs", action="store_true", help="rewrite docs/runbook.md's blocks")
+    check_parser = commands.add_parser("check", help="before make up/preview/destroy: CLI, login, stack, settings")
+    check_parser.add_argument("--stack", default="labs")
+    check_parser.add_argument("--for", dest="purpose", choices=("up", "preview", "destroy"), required=True)
     args = parser.parse_args(argv)
     if args.command == "render":
         return render(args.stack, args.out, args.fingerprint_key)
@@ -42,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         from components.render_diff import diff
 
         return diff(args.stack, args.against, args.json)
+    if args.command == "privileges":
+        from components import privileges
+
+        return privileges.cli(args.stack, args.phase, args.principal, write=args.write_docs)
+    if args.command == "check":
+        from components import first_run
+
+        return first_run.check(args.stack, args.purpose)
     if args.command == "drill":
         return drill_cli.run(args)
     return 2
