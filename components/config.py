@@ -210,6 +210,9 @@ class PreflightConfig(_Model):
     drs_disabled: Literal["fail", "warn"] = "fail"
     # Room kept free on the datastore on top of every eager-zeroed disk and VM swap file.
     datastore_margin_percent: int = 15
+    # Where preflight checks that kubernetes.version exists: the repository the nodes install from
+    # (components/releases.py). "" skips that check.
+    kubernetes_packages_url: str = "https://pkgs.k8s.io/core:/stable:"
 
 
 # VMware's range for manually assigned MACs: 00:50:56:00:00:00-00:50:56:3F:FF:FF. vCenter
@@ -558,6 +561,11 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
         add(ConfigProblem("template.name", "use letters, digits, dot, dash and underscore only"))
     if not cfg.template.iso_url.startswith(("https://", "http://")):
         add(ConfigProblem("template.isoUrl", "use an http(s) URL of the Debian 12 netinst ISO"))
+
+    packages_url = cfg.preflight.kubernetes_packages_url
+    if packages_url and not re.match(r"^https?://[^\s/]+", packages_url):
+        add(ConfigProblem("preflight.kubernetesPackagesUrl", f"{packages_url!r} is not a URL; keep the default "
+                          "https://pkgs.k8s.io/core:/stable:, or \"\" to skip the release check"))
 
     for key, url in (("mirrors.aptProxy", cfg.mirrors.apt_proxy), ("mirrors.registryMirror",
                                                                      cfg.mirrors.registry_mirror)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pulumi
 
+from components import releases
 from components.config import LabConfig, Role
 from components.fleet import anti_affinity_rule_name
 from components.stack_config import StackInputs
@@ -51,6 +52,14 @@ def preflight_spec(lab: LabConfig, stack: str) -> object:
     )
 
 
+def release_findings(lab: LabConfig) -> list[releases.ReleaseFinding]:
+    """Does kubernetes.version exist where the nodes install it from (labs-k8s:preflight.kubernetesPackagesUrl)?"""
+    if not lab.preflight.kubernetes_packages_url:
+        return []
+    finding = releases.check_release(lab.kubernetes.version, lab.preflight.kubernetes_packages_url)
+    return [finding] if finding else []
+
+
 def run_preflight(inputs: StackInputs) -> None:
     lab = inputs.lab
     if not lab.preflight.enabled:
@@ -58,6 +67,7 @@ def run_preflight(inputs: StackInputs) -> None:
         return
     from components import vsphere
 
+    release = release_findings(lab)
     credentials = inputs.vcenter
     try:
         with vsphere.session(
@@ -66,7 +76,10 @@ def run_preflight(inputs: StackInputs) -> None:
         ) as si:
             report = vsphere.preflight(si, preflight_spec(lab, inputs.stack))
     except vsphere.VSphereError as error:
-        raise pulumi.RunError(f"preflight could not check vCenter: {error}") from None
+        also = "".join(f"\n{'ERROR' if f.error else 'WARNING'} [kubernetes] {f.message}" for f in release)
+        raise pulumi.RunError(f"preflight could not check vCenter: {error}{also}") from None
+    for finding in release:
+        (report.error if finding.error else report.warn)("kubernetes", finding.message)
     for warning in report.warnings:
         pulumi.log.warn(f"preflight: {warning}")
     if not report.ok:

@@ -6,16 +6,21 @@ vcsim does not enforce DRS rules; these tests check what preflight computes and 
 
 from __future__ import annotations
 
+import http.server
+import threading
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pulumi
 import pytest
 from pyVmomi import vim
 
+from components import releases
 from components import vsphere as vs
 from components.config import LabConfig
-from components.preflight import preflight_spec, run_preflight
+from components.preflight import preflight_spec, release_findings, run_preflight
 from components.stack_config import StackInputs, VcenterCredentials
+from tests.test_config import problems
 
 FOLDER = "labs-k8s"
 
@@ -33,7 +38,9 @@ def lab_on(vcsim, lab_config: LabConfig, **placement: str) -> LabConfig:
     return lab_config.model_copy(
         update={
             "vsphere": lab_config.vsphere.model_copy(update=names),
-            "preflight": lab_config.preflight.model_copy(update={"enabled": True}),
+            # No internet in tests: the Kubernetes release check has its own, against a loopback server
+            # (tests/test_release_check.py).
+            "preflight": lab_config.preflight.model_copy(update={"enabled": True, "kubernetes_packages_url": ""}),
         }
     )
 
@@ -165,3 +172,105 @@ def test_plain_password_stays_out_of_reprs():
     credentials = VcenterCredentials("vc", "u", "out", False, plain_password="hunter2")  # type: ignore[arg-type]
     inputs = StackInputs(lab=None, ssh_private_key="k", vcenter=credentials)  # type: ignore[arg-type]
     assert "hunter2" not in repr(credentials) and "hunter2" not in repr(inputs)
+
+
+# --------------------------------------------------------------------------- the Kubernetes release check
+# Preflight asks the package repository whether labs-k8s:kubernetes.version exists (components/releases.py).
+# A stand-in for pkgs.k8s.io on loopback serves `/v<minor>/deb/Packages` in the repository's own format
+# (stanzas with Package/Version, versions like 1.36.2-1.1) and answers a minor it does not have with 404.
+
+PATCHES = {"1.36": ["1.36.0", "1.36.1", "1.36.2"], "1.35": ["1.35.0"]}
+
+
+def packages_index(minor: str) -> str:
+    stanzas = []
+    for patch in PATCHES[minor]:
+        for package in ("cri-tools", "kubeadm", "kubectl", "kubelet", "kubernetes-cni"):
+            version = patch if package in releases.PACKAGES else "1.5.0"
+            stanzas.append(f"Package: {package}\nArchitecture: amd64\nVersion: {version}-1.1\n"
+                           f"Filename: {package}_{version}.deb\nSize: 1000\n")
+    return "\n".join(stanzas)
+
+
+class PackagesHandler(http.server.BaseHTTPRequestHandler):
+    requests: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        PackagesHandler.requests.append(self.path)
+        minor = self.path.split("/")[1].lstrip("v")
+        if minor not in PATCHES or not self.path.endswith("/deb/Packages"):
+            self.send_error(404)
+            return
+        body = packages_index(minor).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def repository() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), PackagesHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    PackagesHandler.requests = []
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def with_version(lab, version: str, url: str):
+    return lab.model_copy(update={
+        "kubernetes": lab.kubernetes.model_copy(update={"version": version}),
+        "preflight": lab.preflight.model_copy(update={"kubernetes_packages_url": url}),
+    })
+
+
+@pytest.fixture
+def sim(with_folder, port_patch):
+    simulator = with_folder(hosts=3)
+    port_patch(simulator.port)
+    return simulator
+
+
+def test_a_patch_release_that_does_not_exist_fails_preflight(sim, lab_config, monkeypatch, repository):
+    lab = with_version(lab_on(sim, small_disks(lab_config)), "1.36.9", repository)
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab, monkeypatch))
+    message = str(caught.value)
+    assert "[kubernetes] labs-k8s:kubernetes.version: 1.36.9 does not exist" in message
+    assert "Releases there: 1.36.0, 1.36.1, 1.36.2; the newest is 1.36.2" in message
+    assert "Nothing was created" in message
+    assert PackagesHandler.requests == ["/v1.36/deb/Packages"]
+
+
+def test_an_unreleased_minor_fails_preflight(sim, lab_config, monkeypatch, repository):
+    lab = with_version(lab_on(sim, small_disks(lab_config)), "1.37.0", repository)
+    with pytest.raises(pulumi.RunError, match=r"no Kubernetes 1\.37 package repository .*HTTP 404"):
+        run_preflight(inputs_for(sim, lab, monkeypatch))
+
+
+def test_an_existing_release_passes(sim, lab_config, monkeypatch, repository):
+    run_preflight(inputs_for(sim, with_version(lab_on(sim, small_disks(lab_config)), "1.36.2", repository),
+                             monkeypatch))
+    assert PackagesHandler.requests == ["/v1.36/deb/Packages"]
+
+
+def test_an_unreachable_repository_only_warns(sim, lab_config, monkeypatch):
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(message))
+    closed = "http://127.0.0.1:9"  # discard port: nothing listens
+    run_preflight(inputs_for(sim, with_version(lab_on(sim, small_disks(lab_config)), "1.36.2", closed), monkeypatch))
+    assert any("could not check that Kubernetes 1.36.2 exists" in w for w in warnings)
+
+
+def test_an_empty_url_skips_the_check(lab_config):
+    assert release_findings(with_version(lab_config, "1.36.9", "")) == []
+
+
+def test_the_url_is_validated(lab_namespace):
+    lab_namespace["preflight"]["kubernetesPackagesUrl"] = "pkgs.k8s.io"
+    assert "is not a URL" in problems(lab_namespace)["preflight.kubernetesPackagesUrl"]
