@@ -183,12 +183,14 @@ def vcsim_factory(
     binary = vcsim_binary()
     running: list[tuple[subprocess.Popen[str], tempfile._TemporaryFileWrapper[bytes]]] = []
 
-    def start(**fields: int) -> Vcsim:
+    def start(*, tls: tuple[Path, Path] | None = None, **fields: int) -> Vcsim:
+        """``tls=(cert, key)`` serves that certificate instead of vcsim's built-in one."""
         topology = Topology(**fields)
         cmd = [
             binary, "-l", "127.0.0.1:0",
             "-username", USER, "-password", PASSWORD,
             *topology.flags(),
+            *(["-tlscert", str(tls[0]), "-tlskey", str(tls[1])] if tls else []),
         ]  # fmt: skip
         # stderr goes to a file, not a pipe: vcsim logs there and an unread
         # pipe would fill up and block it mid-test.

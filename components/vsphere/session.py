@@ -74,9 +74,13 @@ def connect(
             f"vCenter {host}:{port} rejected the login for user {user!r}; check the user name and password"
         ) from exc
     except ssl.SSLCertVerificationError as exc:
+        # Both pyvmomi (OpenSSL) and the vSphere provider (Go) trust the system store and
+        # SSL_CERT_FILE; neither has a CA setting of its own in the stack config.
         raise VSphereError(
-            f"cannot verify the TLS certificate of {host}:{port} ({exc.verify_message}); "
-            "pass the vCenter CA as ca_file, or insecure=True for a lab only"
+            f"cannot verify the TLS certificate of vCenter {host}:{port} ({exc.verify_message}): this machine "
+            "does not trust the CA that signed it. Add vCenter's root CA to the system trust store "
+            "(docs/runbook.md#trusting-the-vcenter-certificate: its /certs/download.zip, then "
+            "update-ca-certificates), or, for a lab only: pulumi config set vsphere:allowUnverifiedSsl true"
         ) from exc
     except OSError as exc:
         raise VSphereError(f"cannot reach vCenter at {host}:{port}: {exc}") from exc

@@ -1,0 +1,196 @@
+"""A vCenter whose certificate this machine does not trust: caught by preflight, fixed one way for both clients.
+
+vcsim serves a certificate signed by a CA made here. Without trust, preflight fails with the way to
+fix it (not the old "pass ca_file or insecure=True", neither of which is a config key). The fix the
+runbook documents, vCenter's root CA in the system trust store, is then applied for real inside a
+private mount namespace (the machine's own store is never touched): `update-ca-certificates` with
+/usr/local/share/ca-certificates and /etc/ssl/certs bind-mounted over copies. Inside it, both
+pyvmomi (this program: preflight, the template build) and a Go client built exactly like the
+vSphere provider's (tests/tools/vcenter_login) log in with verification on. SSL_CERT_FILE, the
+per-shell alternative, is checked for both as well.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pulumi
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from components.offline import REPO_ROOT
+from components.preflight import run_preflight
+from components.stack_config import StackInputs, VcenterCredentials
+from tests.requirements import require_root, require_tool, unavailable
+
+GO_SOURCE = REPO_ROOT / "tests" / "tools" / "vcenter_login" / "main.go"
+GO_CACHE = REPO_ROOT / ".cache" / "vcenter-login"
+GOVMOMI_SOURCES = Path("/usr/share/gocode/src/github.com/vmware/govmomi")  # golang-github-vmware-govmomi-dev
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, Path]:
+    """A root CA (as vCenter's VMCA would be) and a server certificate for 127.0.0.1 signed by it."""
+    out = tmp_path_factory.mktemp("pki")
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(_name("labs-k8s test VMCA")).issuer_name(_name("labs-k8s test VMCA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(_name("127.0.0.1")).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                        x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = {"ca": out / "vcenter-ca.crt", "cert": out / "server.crt", "key": out / "server.key"}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    return paths
+
+
+@pytest.fixture
+def vcenter(vcsim_factory, pki, monkeypatch):
+    from components import vsphere as vs
+
+    sim = vcsim_factory(hosts=3, tls=(pki["cert"], pki["key"]))
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        vs.find_datacenter(si, sim.datacenter).vmFolder.CreateFolder("labs-k8s")
+    session = vs.session
+    monkeypatch.setattr(vs, "session", lambda *a, **k: session(*a, **{**k, "port": sim.port}))
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    return sim
+
+
+def preflight_inputs(sim, lab_config) -> StackInputs:
+    from tests.test_preflight import lab_on, small_disks
+
+    return StackInputs(
+        lab=lab_on(sim, small_disks(lab_config)), ssh_private_key="unused",  # type: ignore[arg-type]
+        vcenter=VcenterCredentials(server=sim.host, user=sim.user, password="unused",  # type: ignore[arg-type]
+                                   allow_unverified_ssl=False, plain_password=sim.password),
+    )
+
+
+def test_an_untrusted_vcenter_certificate_fails_preflight_with_the_fix(vcenter, lab_config):
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(preflight_inputs(vcenter, lab_config))
+    message = str(caught.value)
+    assert "does not trust the CA that signed it" in message
+    assert "docs/runbook.md#trusting-the-vcenter-certificate" in message
+    assert "pulumi config set vsphere:allowUnverifiedSsl true" in message
+    assert "ca_file" not in message and "insecure=True" not in message
+
+
+def test_ssl_cert_file_is_trusted_by_pyvmomi(vcenter, lab_config, pki, monkeypatch):
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki["ca"]))
+    run_preflight(preflight_inputs(vcenter, lab_config))  # raises on any problem
+
+
+def provider_login_binary() -> Path:
+    """tests/tools/vcenter_login built with Debian's govmomi sources (GOPATH mode, offline), cached."""
+    require_tool("go")
+    if not GOVMOMI_SOURCES.is_dir():
+        unavailable(f"no govmomi sources at {GOVMOMI_SOURCES} (golang-github-vmware-govmomi-dev, make test "
+                    "installs it)")
+    digest = hashlib.sha256(GO_SOURCE.read_bytes()).hexdigest()[:16]
+    binary = GO_CACHE / f"vcenter_login-{digest}"
+    if binary.is_file():
+        return binary
+    gopath = GO_CACHE / "gopath"
+    package = gopath / "src" / "vcenter_login"
+    package.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(GO_SOURCE, package / "main.go")
+    env = {**os.environ, "GO111MODULE": "off", "GOPROXY": "off", "GOFLAGS": "", "CGO_ENABLED": "0",
+           "GOPATH": f"{gopath}:/usr/share/gocode", "GOCACHE": str(GO_CACHE / "go-build")}
+    built = subprocess.run(["go", "build", "-o", str(binary), "."], cwd=package, env=env, capture_output=True,
+                           text=True, timeout=900, check=False)
+    if built.returncode != 0:
+        unavailable(f"building tests/tools/vcenter_login failed: {built.stderr[-1500:]}")
+    return binary
+
+
+def go_login(binary: Path, sim, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    url = f"https://{sim.user}:{sim.password}@{sim.host}:{sim.port}/sdk"
+    clean = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+    return subprocess.run([str(binary), url], env={**clean, **env}, capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_the_providers_client_distrusts_it_too_and_trusts_ssl_cert_file(vcenter, pki):
+    binary = provider_login_binary()
+    untrusted = go_login(binary, vcenter, {})
+    assert untrusted.returncode != 0
+    assert "certificate signed by unknown authority" in untrusted.stderr
+    trusted = go_login(binary, vcenter, {"SSL_CERT_FILE": str(pki["ca"])})
+    assert trusted.returncode == 0, trusted.stderr
+    assert trusted.stdout.strip() == "logged in"
+
+
+SYSTEM_STORE_SCRIPT = r"""
+set -euo pipefail
+# Private copies of the trust store, mounted over the real ones in this mount namespace only.
+mount --make-rprivate /
+cp -a /etc/ssl/certs "$WORK/etc-ssl-certs"
+mkdir -p "$WORK/local-cas"
+mount --bind "$WORK/etc-ssl-certs" /etc/ssl/certs
+mount --bind "$WORK/local-cas" /usr/local/share/ca-certificates
+# The runbook's steps: vCenter's root CA as a .crt in /usr/local/share/ca-certificates, then update.
+cp "$CA" /usr/local/share/ca-certificates/vcenter-root-ca.crt
+update-ca-certificates >/dev/null
+"$PYTHON" -c "$PYVMOMI_LOGIN"
+"$GO_LOGIN" "$URL"
+"""
+
+PYVMOMI_LOGIN = """
+import os, sys
+sys.path.insert(0, os.environ["REPO"])
+from components import vsphere as vs
+with vs.session(os.environ["HOST"], os.environ["USER_NAME"], os.environ["PASSWORD"], port=int(os.environ["PORT"])):
+    print("pyvmomi logged in")
+"""
+
+
+def test_the_documented_system_store_is_trusted_by_both(vcenter, pki, tmp_path):
+    require_root()
+    require_tool("unshare", "update-ca-certificates")
+    binary = provider_login_binary()
+    system_bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    before = hashlib.sha256(system_bundle.read_bytes()).hexdigest()
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")},
+        "WORK": str(tmp_path), "CA": str(pki["ca"]), "PYTHON": sys.executable, "PYVMOMI_LOGIN": PYVMOMI_LOGIN,
+        "GO_LOGIN": str(binary), "REPO": str(REPO_ROOT), "HOST": vcenter.host, "PORT": str(vcenter.port),
+        "USER_NAME": vcenter.user, "PASSWORD": vcenter.password,
+        "URL": f"https://{vcenter.user}:{vcenter.password}@{vcenter.host}:{vcenter.port}/sdk",
+    }
+    result = subprocess.run(["unshare", "--mount", "bash", "-c", SYSTEM_STORE_SCRIPT], env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-2:] == ["pyvmomi logged in", "logged in"]
+    # And the machine's own store was never changed.
+    assert hashlib.sha256(system_bundle.read_bytes()).hexdigest() == before
