@@ -2,6 +2,16 @@
 # System packages the test suite needs, from Debian only. Run as root by `make test`;
 # on a machine where it cannot run (not root, not Debian) the tests that need these
 # tools skip with a reason, and fail under CI=true.
+#
+# haproxy, keepalived and cloud-init are packaged as system services: Debian's maintainer
+# scripts enable them for the next boot (deb-systemd-helper). The tests only run them as
+# programs (their own instances, in namespaces). So this script says so before installing,
+# and afterwards stops and disables the services of the packages it installed, and disables cloud-init
+# at boot with /etc/cloud/cloud-init.disabled (cloud-init's own switch, read by its systemd
+# generator): on a workstation it must never run at the next boot and, say, regenerate the
+# SSH host keys. Packages that were already installed are left as they were.
+#
+# LABS_K8S_TEST_PACKAGES (tests only) replaces the package list.
 set -euo pipefail
 
 if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
@@ -14,10 +24,22 @@ packages=(
   haproxy keepalived iproute2 openssl curl procps psmisc jq
   # remote scripts and cloud-config
   shellcheck cloud-init debconf
+  # the vCenter trust test: update-ca-certificates in a private mount namespace
+  ca-certificates util-linux
   # golden template: boot media and a real Debian rootfs for the seal script
   xorriso isolinux syslinux-common mtools dosfstools debootstrap sudo
   # vcsim, built from Debian's govmomi sources (tests/tools/build_vcsim.sh)
   golang-go golang-github-vmware-govmomi-dev dpkg-dev
+)
+
+if [[ -n ${LABS_K8S_TEST_PACKAGES:-} ]]; then
+  read -r -a packages <<<"$LABS_K8S_TEST_PACKAGES"
+fi
+# Services that come with a package and that the tests never need running.
+declare -A package_services=(
+  [haproxy]="haproxy.service"
+  [keepalived]="keepalived.service"
+  [cloud-init]="cloud-init-local.service cloud-init.service cloud-config.service cloud-final.service cloud-init-hotplugd.socket"
 )
 
 missing=()
@@ -27,6 +49,17 @@ done
 if (( ${#missing[@]} == 0 )); then
   echo "install-test-deps: all ${#packages[@]} packages present"
   exit 0
+fi
+
+quieted=()
+for package in "${missing[@]}"; do
+  if [[ -n ${package_services[$package]:-} ]]; then quieted+=("$package"); fi
+done
+if (( ${#quieted[@]} > 0 )); then
+  echo "install-test-deps: installing ${quieted[*]} on this machine. The tests only run them as programs:" \
+    "their services will be stopped and disabled right after, and cloud-init disabled at boot" \
+    "(/etc/cloud/cloud-init.disabled). To leave this machine alone, run make test in a container" \
+    "(.github/workflows/preview.yml uses debian:bookworm, privileged)." >&2
 fi
 
 # Installing haproxy/keepalived must not start them on this machine: the tests start their
@@ -43,3 +76,22 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
 echo "install-test-deps: installed ${missing[*]}"
+
+# Not at the next boot either. `systemctl disable` works with or without a running systemd
+# (it edits the *.wants links); without systemctl at all (a bare container) nothing starts them.
+for package in "${quieted[@]}"; do
+  for unit in ${package_services[$package]}; do
+    if ! command -v systemctl >/dev/null; then
+      continue
+    elif [[ -d /run/systemd/system ]]; then
+      systemctl disable --now --quiet "$unit"
+    else
+      systemctl disable --quiet "$unit"
+    fi
+  done
+  if [[ $package == cloud-init ]]; then
+    mkdir -p /etc/cloud
+    touch /etc/cloud/cloud-init.disabled
+  fi
+  echo "install-test-deps: $package: services disabled (${package_services[$package]})" >&2
+done
