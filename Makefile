@@ -33,17 +33,19 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 venv: $(VENV)/.runtime
 venv-dev: $(VENV)/.dev
 
-# The Pulumi CLI and a backend login (`pulumi login`) are prerequisites: see README.
-stack: venv
-	pulumi stack select $(STACK) 2>/dev/null || pulumi stack init $(STACK)
-
-up: stack
+# Before the Pulumi CLI runs: is it installed and logged in, which backend and stack, does the
+# stack exist (up/preview create it, destroy never does), are its settings complete
+# (components/first_run.py). Each problem comes with the command that fixes it.
+up: venv
+	$(PY) -m components check --stack $(STACK) --for up
 	pulumi up --stack $(STACK)
 
-preview: stack
+preview: venv
+	$(PY) -m components check --stack $(STACK) --for preview
 	pulumi preview --stack $(STACK) --diff
 
-destroy: stack
+destroy: venv
+	$(PY) -m components check --stack $(STACK) --for destroy
 	pulumi destroy --stack $(STACK)
 
 render: venv

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import hmac
 import json
+import os
 import runpy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +51,12 @@ def _private_key_placeholder(note: str = "") -> str:
 
 PLACEHOLDER_PRIVATE_KEY = _private_key_placeholder()
 REQUIRED_SECRETS = {"labs-k8s:sshPrivateKey": PLACEHOLDER_PRIVATE_KEY, "vsphere:password": PLACEHOLDER_SECRET}
+# The example stack file names no vCenter (README, "Secrets and settings"); `render` needs one in form only.
+# `.invalid` never resolves (RFC 2606).
+PLACEHOLDER_VCENTER = {
+    "vsphere:vsphereServer": ("VSPHERE_SERVER", "vcenter.placeholder.invalid"),
+    "vsphere:user": ("VSPHERE_USER", "placeholder"),
+}
 
 
 def encrypted_placeholder(key: str, ciphertext: str) -> str:
@@ -298,6 +305,9 @@ def stack_config(
             raw[key] = placeholder
             if key not in secret_keys:
                 secret_keys.append(key)
+    for key, (variable, placeholder) in PLACEHOLDER_VCENTER.items():
+        if key not in raw and not os.environ.get(variable):  # the program reads the variable itself
+            raw[key] = placeholder
     ssh = dict(raw.get("labs-k8s:ssh") or {})
     ssh.setdefault("publicKey", PLACEHOLDER_PUBLIC_KEY)
     raw["labs-k8s:ssh"] = ssh

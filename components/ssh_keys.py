@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import serialization
 
 # components/offline.py puts this into its placeholder private key: `render` runs without secrets.
 RENDER_PLACEHOLDER_MARK = "RENDER-PLACEHOLDER"
-NEW_KEY_COMMAND = "ssh-keygen -t ed25519 -N '' -C labs-k8s -f ~/.ssh/labs-k8s"
+NEW_KEY_COMMAND = "mkdir -p -m 0700 ~/.ssh && ssh-keygen -t ed25519 -N '' -C labs-k8s -f ~/.ssh/labs-k8s"
 
 
 def fingerprint(key_blob: bytes) -> str:

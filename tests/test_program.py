@@ -85,7 +85,7 @@ def test_missing_ssh_private_key_is_a_clear_error_before_registration():
     monitors: list[RecordingMonitor] = []
     with pytest.raises(pulumi.RunError) as caught:
         run_program("labs", overrides={"labs-k8s:sshPrivateKey": ""}, monitor_sink=monitors)
-    assert "pulumi config set --secret labs-k8s:sshPrivateKey" in str(caught.value)
+    assert "pulumi config set --stack labs --secret labs-k8s:sshPrivateKey" in str(caught.value)
     assert monitors[0].registrations == {}
 
 

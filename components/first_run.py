@@ -1,0 +1,239 @@
+"""What `make up`, `make preview` and `make destroy` check before they hand over to the Pulumi CLI.
+
+`python -m components check --stack <stack> --for up|preview|destroy`, in this order, each with
+the command that fixes it:
+
+1. the Pulumi CLI is installed (today's alternative: `pulumi: command not found`, exit 127);
+2. it is logged in to a backend; the backend, the user and the stack are printed before anything
+   happens, so nobody creates a stack in the wrong place;
+3. the stack file `Pulumi.<stack>.yaml` exists (up/preview) and, for a stack that does not exist
+   yet, carries no secrets from another stack (a copied `encryptionsalt` makes `stack init` fail
+   with "incorrect passphrase"; copied ciphertext cannot be decrypted by the new stack's key);
+4. the stack exists (destroy refuses to create one; up/preview create it with `pulumi stack init`);
+5. (up/preview) the settings the program needs are set: the exact `pulumi config set` line for each
+   missing one, and the lab config itself validated offline.
+
+The stack file is read as a file, offline: secret values are ciphertext there and are checked by
+the program itself, which sees them decrypted (components/stack_config.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from components.config import NAMESPACE, LabConfigError, load_lab_config
+from components.offline import PLACEHOLDER_PUBLIC_KEY, REPO_ROOT, StackFileError, read_stack_file, stack_file
+from components.stack_config import SSH_PRIVATE_KEY, provider_bool
+
+INSTALL_URL = "https://www.pulumi.com/docs/iac/download-install/"
+INSTALL_COMMAND = "curl -fsSL https://get.pulumi.com | sh"
+CLI_TIMEOUT_S = 120
+# Backends whose secrets provider defaults to a passphrase (everything but Pulumi Cloud).
+SELF_MANAGED_SCHEMES = ("file://", "s3://", "azblob://", "gs://", "postgres://")
+FOREIGN_SECRETS_KEYS = ("encryptionsalt", "encryptedkey", "secretsprovider")
+
+
+class CheckFailed(Exception):
+    """A problem with its fix; printed without a traceback."""
+
+
+def _say(purpose: str, text: str) -> None:
+    print(f"make {purpose}: {text}", flush=True)
+
+
+def _pulumi(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["pulumi", *args, "--non-interactive"], capture_output=True, text=True,
+                          timeout=CLI_TIMEOUT_S, check=False)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+def require_cli(purpose: str) -> None:
+    if shutil.which("pulumi") is None:
+        raise CheckFailed(
+            "the Pulumi CLI is not installed (no `pulumi` on PATH).\n"
+            f"  Install it:  {INSTALL_COMMAND}\n"
+            "               then open a new shell (or: export PATH=\"$HOME/.pulumi/bin:$PATH\")\n"
+            f"  Other ways:  {INSTALL_URL}\n"
+            f"  Then log in (README, \"Your first lab\", step 2) and run `make {purpose}` again."
+        )
+
+
+def whoami() -> dict[str, Any]:
+    """The backend and user the CLI is logged in to, or CheckFailed saying how to log in."""
+    result = _pulumi("whoami", "--json")
+    if result.returncode != 0:
+        raise CheckFailed(
+            f"the Pulumi CLI is not logged in to a backend ({_first_line(result.stderr)}).\n"
+            "  Log in to one of:\n"
+            "    pulumi login                              # Pulumi Cloud (app.pulumi.com)\n"
+            "    pulumi login s3://<bucket>/<prefix>       # self-managed: s3://, azblob://, gs://, file://<dir>\n"
+            "    pulumi login --local                      # this machine only (~/.pulumi)\n"
+            "  With a self-managed or local backend, also: export PULUMI_CONFIG_PASSPHRASE='<passphrase>'\n"
+            "  (README, \"Your first lab\", step 2)."
+        )
+    try:
+        info = json.loads(result.stdout or "{}")
+    except json.JSONDecodeError:
+        info = {"user": result.stdout.strip()}
+    return info if isinstance(info, dict) else {}
+
+
+def existing_stacks() -> set[str]:
+    result = _pulumi("stack", "ls", "--json")
+    if result.returncode != 0:
+        raise CheckFailed(f"`pulumi stack ls` failed: {_first_line(result.stderr)}")
+    try:
+        rows = json.loads(result.stdout or "[]")
+    except json.JSONDecodeError:
+        raise CheckFailed("`pulumi stack ls --json` did not print JSON") from None
+    # Pulumi Cloud names stacks org/project/stack or org/stack; the last part is what --stack takes here.
+    return {str(row.get("name", "")).rsplit("/", 1)[-1] for row in rows if isinstance(row, dict)}
+
+
+def _self_managed(url: str) -> bool:
+    return url.startswith(SELF_MANAGED_SCHEMES)
+
+
+def _has_passphrase() -> bool:
+    return bool(os.environ.get("PULUMI_CONFIG_PASSPHRASE") or os.environ.get("PULUMI_CONFIG_PASSPHRASE_FILE"))
+
+
+def _secure_keys(config: dict[str, Any]) -> list[str]:
+    found = []
+    for key, value in config.items():
+        if isinstance(value, dict) and "secure" in value:
+            found.append(key)
+        elif isinstance(value, dict):
+            found += [f"{key}.{inner}" for inner, v in value.items() if isinstance(v, dict) and "secure" in v]
+    return found
+
+
+def before_stack_init(stack: str, document: dict[str, Any], url: str) -> None:
+    """A stack file about to meet a new stack must not carry another stack's secrets."""
+    name = stack_file(stack).name
+    foreign = [key for key in FOREIGN_SECRETS_KEYS if key in document]
+    secure = _secure_keys(document.get("config") or {})
+    if foreign or secure:
+        lines = [f"{name} carries secrets material of another stack, but stack {stack!r} does not exist yet "
+                 "(was the file copied from another stack's?):"]
+        if foreign:
+            lines.append(f"  - {', '.join(foreign)}: remove these lines; `pulumi stack init` writes this stack's own "
+                         "(a copied encryptionsalt fails with \"incorrect passphrase\")")
+        if secure:
+            lines.append(f"  - secret values {', '.join(secure)}: remove them; they are ciphertext under the other "
+                         "stack's key. Set them again once the stack exists (the commands follow on the next run)")
+        raise CheckFailed("\n".join(lines))
+    if _self_managed(url) and not _has_passphrase() and not sys.stdin.isatty():
+        raise CheckFailed(
+            f"backend {url} keeps secrets with a passphrase, and there is neither a terminal to ask for it nor "
+            "PULUMI_CONFIG_PASSPHRASE / PULUMI_CONFIG_PASSPHRASE_FILE: export PULUMI_CONFIG_PASSPHRASE='<passphrase>' "
+            "(keep it in your password manager: without it the stack's secrets cannot be read)"
+        )
+
+
+def missing_settings(stack: str, document: dict[str, Any]) -> list[str]:
+    """The exact `pulumi config set` commands for what the program needs and the stack file lacks."""
+    config = document.get("config") or {}
+    commands = []
+    ssh = config.get(f"{NAMESPACE}:ssh") or {}
+    if not (isinstance(ssh, dict) and ssh.get("publicKey")):
+        commands.append(f"pulumi config set --stack {stack} --path '{NAMESPACE}:ssh.publicKey' "
+                        "\"$(cat ~/.ssh/labs-k8s.pub)\"")
+    if f"{NAMESPACE}:{SSH_PRIVATE_KEY}" not in config:
+        commands.append(f"pulumi config set --stack {stack} --secret {NAMESPACE}:{SSH_PRIVATE_KEY} < ~/.ssh/labs-k8s")
+    for key, env, command in (
+        ("vsphereServer", "VSPHERE_SERVER", f"pulumi config set --stack {stack} vsphere:vsphereServer <vcenter host>"),
+        ("user", "VSPHERE_USER", f"pulumi config set --stack {stack} vsphere:user <user@vsphere.local>"),
+        ("password", "VSPHERE_PASSWORD", f"pulumi config set --stack {stack} --secret vsphere:password"),
+    ):
+        if f"vsphere:{key}" not in config and not os.environ.get(env):
+            commands.append(f"{command}    # or export {env}")
+    return commands
+
+
+def settings_problems(stack: str, document: dict[str, Any]) -> list[str]:
+    """The lab config and the provider settings, validated offline (the program checks again, decrypted)."""
+    config = document.get("config") or {}
+    problems: list[str] = []
+    raw = {key[len(NAMESPACE) + 1:]: value for key, value in config.items()
+           if key.startswith(f"{NAMESPACE}:") and key != f"{NAMESPACE}:{SSH_PRIVATE_KEY}"}
+    ssh = raw.get("ssh", {})
+    if isinstance(ssh, dict) and not ssh.get("publicKey"):
+        raw["ssh"] = {**ssh, "publicKey": PLACEHOLDER_PUBLIC_KEY}  # reported with its command instead
+    try:
+        load_lab_config(raw)
+    except LabConfigError as error:
+        problems += [str(p) for p in error.problems]
+    insecure = config.get("vsphere:allowUnverifiedSsl")
+    try:
+        # YAML reads a bare false as a boolean; Pulumi hands it to the program as "false".
+        provider_bool(str(insecure).lower() if isinstance(insecure, bool) else insecure)
+    except ValueError as error:
+        problems.append(f"vsphere:allowUnverifiedSsl: {error}; write true or false: "
+                        f"pulumi config set --stack {stack} vsphere:allowUnverifiedSsl false")
+    return problems
+
+
+def check(stack: str, purpose: str) -> int:
+    try:
+        run_checks(stack, purpose)
+    except CheckFailed as failure:
+        print(f"make {purpose}: {failure}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+def run_checks(stack: str, purpose: str) -> None:
+    require_cli(purpose)
+    identity = whoami()
+    url = str(identity.get("url") or identity.get("backendUrl") or "(unknown backend)")
+    user = str(identity.get("user") or "(unknown user)")
+    document: dict[str, Any] = {}
+    if purpose != "destroy":
+        try:
+            document = read_stack_file(stack)
+        except StackFileError as error:
+            raise CheckFailed(str(error)) from None
+    stacks = existing_stacks()
+    if stack not in stacks:
+        known = ", ".join(sorted(stacks)) or "none"
+        if purpose == "destroy":
+            raise CheckFailed(
+                f"stack {stack!r} does not exist in backend {url} (logged in as {user}); nothing to destroy here. "
+                f"Stacks there: {known}. Another backend? `pulumi login <url>`; "
+                "another stack? `make destroy STACK=<name>`"
+            )
+        before_stack_init(stack, document, url)
+        _say(purpose, f"creating stack {stack!r} in backend {url} as {user} (stacks there: {known})")
+        created = subprocess.run(["pulumi", "stack", "init", stack], cwd=REPO_ROOT, timeout=CLI_TIMEOUT_S, check=False)
+        if created.returncode != 0:
+            raise CheckFailed(f"`pulumi stack init {stack}` failed (exit {created.returncode}); see its message above")
+        document = read_stack_file(stack)
+    else:
+        _say(purpose, f"stack {stack!r} in backend {url} as {user}")
+    if purpose == "destroy":
+        return
+    if "environment" in document:
+        _say(purpose, f"{stack_file(stack).name} imports Pulumi ESC environments: settings are checked by the "
+                      "program itself, not here")
+        return
+    commands = missing_settings(stack, document)
+    problems = settings_problems(stack, document)
+    if commands or problems:
+        lines = []
+        if commands:
+            lines.append(f"stack {stack!r} is missing settings the lab needs. Set them (README, \"Your first lab\"):")
+            lines += [f"    {c}" for c in commands]
+        if problems:
+            lines.append(f"{stack_file(stack).name} has {len(problems)} problem(s); nothing was created:")
+            lines += [f"  - {p}" for p in problems]
+        raise CheckFailed("\n".join(lines))
