@@ -204,7 +204,7 @@ def run_checks(stack: str, purpose: str) -> None:
         except StackFileError as error:
             raise CheckFailed(str(error)) from None
     stacks = existing_stacks()
-    if stack not in stacks:
+    if stack.rsplit("/", 1)[-1] not in stacks:  # Pulumi Cloud also takes org/stack and org/project/stack
         known = ", ".join(sorted(stacks)) or "none"
         if purpose == "destroy":
             raise CheckFailed(

@@ -110,9 +110,10 @@ def _git_env() -> dict[str, str]:
 def _with_encrypted_secrets(stack_file: str, password_ciphertext: str) -> str:
     """The stack file as a site commits it: both secrets set, encrypted (README, "Prerequisites")."""
     return stack_file.replace(
-        "  vsphere:user: administrator@vsphere.local\n",
-        f"  vsphere:user: administrator@vsphere.local\n  vsphere:password:\n    secure: {password_ciphertext}\n"
+        "\nconfig:\n",
+        f"\nconfig:\n  vsphere:password:\n    secure: {password_ciphertext}\n"
         f"  labs-k8s:sshPrivateKey:\n    secure: {KEY_CIPHERTEXT}\n",
+        1,
     )
 
 
