@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from components.config import NAMESPACE, LabConfigError, load_lab_config
-from components.offline import PLACEHOLDER_PUBLIC_KEY, REPO_ROOT, StackFileError, read_stack_file, stack_file
+from components.offline import PLACEHOLDER_PUBLIC_KEY, REPO_ROOT, StackFileError, read_stack_file, stack_file_path
 from components.stack_config import SSH_PRIVATE_KEY, provider_bool
 
 INSTALL_URL = "https://www.pulumi.com/docs/iac/download-install/"
@@ -119,7 +119,7 @@ def _secure_keys(config: dict[str, Any]) -> list[str]:
 
 def before_stack_init(stack: str, document: dict[str, Any], url: str) -> None:
     """A stack file about to meet a new stack must not carry another stack's secrets."""
-    name = stack_file(stack).name
+    name = stack_file_path(stack).name
     foreign = [key for key in FOREIGN_SECRETS_KEYS if key in document]
     secure = _secure_keys(document.get("config") or {})
     if foreign or secure:
@@ -223,7 +223,7 @@ def run_checks(stack: str, purpose: str) -> None:
     if purpose == "destroy":
         return
     if "environment" in document:
-        _say(purpose, f"{stack_file(stack).name} imports Pulumi ESC environments: settings are checked by the "
+        _say(purpose, f"{stack_file_path(stack).name} imports Pulumi ESC environments: settings are checked by the "
                       "program itself, not here")
         return
     commands = missing_settings(stack, document)
@@ -234,6 +234,6 @@ def run_checks(stack: str, purpose: str) -> None:
             lines.append(f"stack {stack!r} is missing settings the lab needs. Set them (README, \"Your first lab\"):")
             lines += [f"    {c}" for c in commands]
         if problems:
-            lines.append(f"{stack_file(stack).name} has {len(problems)} problem(s); nothing was created:")
+            lines.append(f"{stack_file_path(stack).name} has {len(problems)} problem(s); nothing was created:")
             lines += [f"  - {p}" for p in problems]
         raise CheckFailed("\n".join(lines))
