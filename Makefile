@@ -14,10 +14,11 @@ PIP_ENV := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=
 .PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim
 
 help:
-	@echo "make up       create the virtualenv, install pinned dependencies, pulumi up --stack $(STACK)"
+	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack $(STACK)"
 	@echo "make test     create the virtualenv, install what the tests need, run the whole suite"
-	@echo "make preview  pulumi preview --stack $(STACK) (what a pull request shows)"
-	@echo "make destroy  pulumi destroy --stack $(STACK)"
+	@echo "make preview  check, then pulumi preview --stack $(STACK) (what a pull request shows)"
+	@echo "make destroy  check, then pulumi destroy --stack $(STACK) (never creates a stack)"
+	@echo "              (STACK=<site> or export STACK: README, \"Your first lab\")"
 	@echo "make render   offline: plan.json, graph.mmd and every file pushed to a machine, into render/"
 	@echo "make bench    print the benchmarks' figures"
 

@@ -206,6 +206,17 @@ def test_a_config_mistake_stops_up_before_the_cli_runs_up(sandbox):
     assert "up" not in sandbox.commands()
 
 
+def test_settings_from_pulumi_esc_are_left_to_the_program(sandbox):
+    ready_stack(sandbox)
+    document = yaml.safe_load(sandbox.stack_file(STACK).read_text())
+    del document["config"]["vsphere:password"]  # comes from the environment instead
+    document["environment"] = ["labs-k8s/vcenter"]
+    sandbox.stack_file(STACK).write_text(yaml.safe_dump(document, sort_keys=False))
+    result = sandbox.make("preview", f"STACK={STACK}", VSPHERE_PASSWORD="from-esc")
+    assert f"Pulumi.{STACK}.yaml imports Pulumi ESC environments" in result.stdout
+    assert sandbox.calls()[-1][0] == "preview"
+
+
 # --------------------------------------------------------------------------- render
 
 
