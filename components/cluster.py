@@ -144,12 +144,17 @@ class KubeadmCluster(pulumi.ComponentResource):
 
         # Deleted first on `pulumi destroy` (it depends on every drain step), it leaves a marker
         # that makes the drain steps skip: a full teardown drains nothing and finishes.
-        self.teardown_guard = remote.Command(
+        # Bounded like every step: a gone m01 fails the destroy within minutes (docs/troubleshooting.md).
+        self.teardown_guard = steps.command(
             "teardown-guard",
             connection=steps.connection(lab, first, private_key),
             create=f"sudo -n rm -f {TEARDOWN_MARKER}",
             delete=f"sudo -n install -D -m 0644 /dev/null {TEARDOWN_MARKER}",
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.init, *self.drains]),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[self.init, *self.drains],
+                custom_timeouts=pulumi.CustomTimeouts(create="5m", update="5m", delete="5m"),
+            ),
         )
         self.register_outputs({"kubeconfig": self.kubeconfig})
 

@@ -13,7 +13,8 @@ from components.rendering import node as node_rendering
 from components.rendering import read_file
 
 GUEST_ID = "debian12_64Guest"
-# Overall bound on first boot + cloud-init; SSH dial retries are unlimited inside it.
+# How long the readiness script waits for cloud-init once SSH answers; the SSH dials before that
+# are bounded by remote.BOOT_DIAL_ATTEMPTS.
 READINESS_TIMEOUT_SECONDS = 900
 ROLE_RULE_NAMES = {Role.BALANCER: "balancers", Role.CONTROL_PLANE: "control-planes", Role.WORKER: "workers"}
 
@@ -63,6 +64,7 @@ class NodeFleet(pulumi.ComponentResource):
         self.vms = {}
         self.ready = {}
         wait_script = read_file("fleet/wait-for-cloud-init.sh")
+        boot_dials = steps.dial_budget_seconds(steps.BOOT_DIAL_ATTEMPTS)
         for node in lab.all_nodes:
             vm = self._clone(lab, node, template_uuid, pool_id, datastore.id, network.id)
             self.vms[node.name] = vm
@@ -77,7 +79,8 @@ class NodeFleet(pulumi.ComponentResource):
                 parent=self,
                 # The host is the static IP from config, not a VM output, so order explicitly.
                 depends_on=[vm],
-                timeout=f"{READINESS_TIMEOUT_SECONDS // 60 + 5}m",
+                dial_attempts=steps.BOOT_DIAL_ATTEMPTS,
+                timeout=f"{(READINESS_TIMEOUT_SECONDS + boot_dials) // 60 + 5}m",
             )
 
         self.rules: dict[Role, vsphere.ComputeClusterVmAntiAffinityRule] = {}

@@ -16,20 +16,50 @@ from pulumi_command import remote
 from components.config import LabConfig, Node
 from components.rendering import content_hash, step_bundle
 
-# Unlimited dial retries while a VM boots; the overall bound is the resource's create timeout.
-DIAL_RETRIES_UNLIMITED = -1
+# pulumi-command dials up to `dialErrorLimit` times; each attempt is bounded by `perDialTimeout`
+# and followed by a back-off of 100 ms x1.5 per attempt, at most 5 s (pulumi-command 1.2.1
+# remote/connection.go dialWithRetry, pulumi sdk/go/common/util/retry). So a host that does not
+# answer fails a step after at most attempts x (per-dial timeout + 5 s): never unlimited (-1),
+# or `pulumi destroy` waits for ever on a node that is gone.
 PER_DIAL_TIMEOUT_SECONDS = 10
+RETRY_DELAY_MAX_SECONDS = 5
+# A running node: give up within 3 minutes.
+STEP_DIAL_ATTEMPTS = 12
+# A clone's first boot (firmware, cloud-init, host keys): 4 minutes when every dial is refused
+# at once, up to 15 when every dial times out.
+BOOT_DIAL_ATTEMPTS = 60
+DELETE_TIMEOUT = "10m"
 RUN_STEP = "sudo -n bash -s"
 
 
-def connection(lab: LabConfig, node: Node, private_key: pulumi.Input[str]) -> remote.ConnectionArgs:
+def dial_budget_seconds(attempts: int) -> int:
+    """The longest a step can spend dialling a host that never answers."""
+    return attempts * (PER_DIAL_TIMEOUT_SECONDS + RETRY_DELAY_MAX_SECONDS)
+
+
+def connection(
+    lab: LabConfig, node: Node, private_key: pulumi.Input[str], dial_attempts: int = STEP_DIAL_ATTEMPTS
+) -> remote.ConnectionArgs:
     return remote.ConnectionArgs(
         host=str(node.ip),
         user=lab.ssh.user,
         private_key=private_key,
-        dial_error_limit=DIAL_RETRIES_UNLIMITED,
+        dial_error_limit=dial_attempts,
         per_dial_timeout=PER_DIAL_TIMEOUT_SECONDS,
     )
+
+
+def command(resource_name: str, *, opts: pulumi.ResourceOptions, **args: Any) -> remote.Command:
+    """Every remote.Command of the program goes through here.
+
+    `add_previous_output_in_env` is off: pulumi-command defaults it to true and then sends the
+    previous stdout and stderr (the admin kubeconfig, for one step) as SSH environment variables
+    on every update and delete (pulumi-command 1.2.1 remote/command.go).
+    """
+    timeouts = opts.custom_timeouts
+    if timeouts is None or not (timeouts.create and timeouts.update and timeouts.delete):
+        raise ValueError(f"{resource_name}: a remote command needs create, update and delete timeouts")
+    return remote.Command(resource_name, add_previous_output_in_env=False, opts=opts, **args)
 
 
 def run_step(
@@ -48,6 +78,7 @@ def run_step(
     delete: str | None = None,
     timeout: str = "30m",
     rerun_on_change: bool = True,
+    dial_attempts: int = STEP_DIAL_ATTEMPTS,
 ) -> remote.Command:
     """Register one remote step.
 
@@ -84,14 +115,14 @@ def run_step(
     options = pulumi.ResourceOptions(
         parent=parent,
         depends_on=list(depends_on),
-        custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout, delete="10m"),
+        custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout, delete=DELETE_TIMEOUT),
         additional_secret_outputs=["stdout", "stderr"] if handles_secrets else None,
         # pulumi-command replaces a Command when its triggers change (schema: triggers[*]).
         ignore_changes=None if rerun_on_change else ["stdin", "triggers"],
     )
-    return remote.Command(
+    return command(
         resource_name,
-        connection=connection(lab, node, private_key),
+        connection=connection(lab, node, private_key, dial_attempts),
         create=RUN_STEP,
         stdin=stdin,
         delete=delete,

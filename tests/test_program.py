@@ -7,11 +7,13 @@ in which resources happened to be registered.
 from __future__ import annotations
 
 import base64
+import re
 
 import pulumi
 import pytest
 import yaml
 
+from components import remote as remote_steps
 from components.offline import RecordingMonitor, run_program
 
 VM = "vsphere:index/virtualMachine:VirtualMachine"
@@ -248,13 +250,51 @@ def test_every_command_on_a_vm_depends_on_that_vms_readiness(offline_run):
             assert offline_run.depends_on(reg.name, ready_by_host[host_of(reg)]), reg.name
 
 
-def test_commands_connect_to_static_ips_with_unlimited_dial_retries(offline_run):
+def _minutes(duration: str) -> float:
+    """A Pulumi custom timeout ("30m", "1h30m", "90s") in minutes."""
+    parts = re.findall(r"(\d+)([hms])", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(int(n) * {"h": 60, "m": 1, "s": 1 / 60}[u] for n, u in parts)
+
+
+def test_commands_connect_to_static_ips_with_bounded_dials(offline_run):
+    """No unlimited dial retries: a host that never answers fails a step within minutes."""
     for reg in offline_run.of_type(COMMAND):
         connection = reg.plain_inputs["connection"]
         assert connection["host"] in NODES.values()
         assert connection["user"] == "labs"
-        assert connection["dialErrorLimit"] == -1
         assert "connection" in reg.secret_input_keys  # the private key is inside
+        attempts, per_dial = connection["dialErrorLimit"], connection["perDialTimeout"]
+        assert 0 < per_dial <= 15, reg.name
+        if reg.name.endswith("-ready"):  # a clone's first boot
+            assert attempts == remote_steps.BOOT_DIAL_ATTEMPTS
+        else:
+            assert 0 < attempts <= remote_steps.STEP_DIAL_ATTEMPTS, reg.name
+            # pulumi-command: per attempt at most the dial timeout plus a back-off capped at 5 s.
+            assert attempts * (per_dial + 5) <= 3 * 60, reg.name
+
+
+def test_every_command_has_finite_timeouts_longer_than_its_dials(offline_run):
+    for reg in offline_run.of_type(COMMAND):
+        timeouts = reg.custom_timeouts
+        assert all(timeouts[k] for k in ("create", "update", "delete")), (reg.name, timeouts)
+        connection = reg.plain_inputs["connection"]
+        dials = connection["dialErrorLimit"] * (connection["perDialTimeout"] + 5)
+        # pulumi-command dials on delete only when there is a delete command.
+        kinds = ("create", "update", "delete") if reg.plain_inputs.get("delete") else ("create", "update")
+        for kind in kinds:
+            assert dials / 60 < _minutes(timeouts[kind]) <= 60, (reg.name, kind, timeouts[kind])
+    guard = offline_run.by_name("teardown-guard")
+    assert _minutes(guard.custom_timeouts["delete"]) <= 5  # the first thing `pulumi destroy` deletes
+
+
+def test_no_command_sends_its_previous_output_back(offline_run):
+    """pulumi-command defaults addPreviousOutputInEnv to true: the kubeconfig would travel as an
+    SSH environment variable on every update of its step."""
+    commands = offline_run.of_type(COMMAND)
+    assert len(commands) > 20
+    for reg in commands:
+        assert reg.plain_inputs.get("addPreviousOutputInEnv") is False, reg.name
 
 
 # --------------------------------------------------------------------------- balancers
