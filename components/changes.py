@@ -24,6 +24,7 @@ API (stable; `python -m components diff` is built on it):
     plan = plan_changes(before, after)        # two OfflineRun from components.offline.run_program
     plan.effects                              # list[Effect], in execution order
     plan.steps                                # list[Step]: the effects grouped as the engine runs them
+    plan.after                                # the `after` run as the engine would record it
     plan.counts()                             # {"create": n, "update": n, "replace": n, "delete": n}
     render_steps(plan) -> str                 # a markdown table of the steps ("" when nothing changes)
 
@@ -32,7 +33,7 @@ API (stable; `python -m components diff` is built on it):
             delete_before_replace, reboots (a VM update that powers the VM off and on), cause
             (why: "inputs", or "replaced: <name>" when only a replaced dependency's outputs changed)
 
-`CHANGE_CASES` and `change_table()` give the table in docs/runbook.md ("you change X -> ..."),
+`CHANGE_CASES`, `case_plans()` and `change_table()` give the table in docs/runbook.md ("you change X -> ..."),
 which tests/test_changes.py recomputes from the program. `python -m components.changes` prints
 it; `--write docs/runbook.md` puts it in place between its markers.
 """
@@ -268,6 +269,9 @@ class Step:
 class Plan:
     effects: list[Effect]
     steps: list[Step] = field(default_factory=list)
+    # The `after` run as the engine would record it (resources left as they are keep their old
+    # outputs): the `before` of the next change.
+    after: OfflineRun | None = field(default=None, repr=False)
 
     def counts(self) -> dict[str, int]:
         counts = {"create": 0, "update": 0, "replace": 0, "delete": 0}
@@ -318,7 +322,7 @@ def _decide(before: Registration, after: Registration, extra_changed: set[str]) 
         raise ValueError(f"no provider rule for {after.type} ({after.name}): add one to components.changes")
     provider_olds = _olds(before) if after.type == DYNAMIC else old
     verdict = rule(after, provider_olds, new, paths)
-    if not verdict.changes and not extra_changed:
+    if not verdict.changes:  # the provider's word, even when a renewed dependency fed it new values
         return None
     replace_paths = [parse_property_path(p) for p in after.replace_on_changes]
     forced = set(verdict.replaces) | {
@@ -334,7 +338,33 @@ def _decide(before: Registration, after: Registration, extra_changed: set[str]) 
 
 
 def plan_changes(before: OfflineRun, after: OfflineRun) -> Plan:
-    """The effect of going from `before` to `after` on every custom resource, in execution order."""
+    """The effect of going from `before` to `after` on every custom resource, in execution order.
+
+    A resource the engine leaves as it is (a "same" step) keeps its old outputs even when its
+    inputs changed (the CloneSource keeps the template of its creation); the mock providers
+    compute outputs from the new inputs. So when such a resource's outputs differ between the
+    runs, `after` is run again with the old outputs kept for it (OfflineRun.rerun), until the
+    plan no longer changes.
+    """
+    kept: dict[tuple[str, str], dict[str, Any]] = {}
+    for _ in range(8):
+        plan = _plan_once(before, after)
+        olds, news = _custom(before), _custom(after)
+        touched = {e.urn for e in plan.effects}
+        stale = {
+            (news[urn].type, news[urn].name): olds[urn].plain_outputs
+            for urn in news
+            if urn in olds and urn not in touched and olds[urn].plain_outputs != news[urn].plain_outputs
+        }
+        if not stale or after.rerun is None:
+            plan.after = after
+            return plan
+        kept.update(stale)
+        after = after.rerun(kept)
+    raise RuntimeError("the plan did not settle after 8 runs of the program")
+
+
+def _plan_once(before: OfflineRun, after: OfflineRun) -> Plan:
     olds, news = _custom(before), _custom(after)
     effects: dict[str, Effect] = {}
     renewed: set[str] = set()  # resources whose id and outputs are new: created or replaced
@@ -404,20 +434,49 @@ def _delete_first_set(effects: Mapping[str, Effect], news: Mapping[str, Registra
     return first
 
 
+def _cascade_roots(delete_first: set[str], effects: Mapping[str, Effect],
+                   news: Mapping[str, Registration]) -> dict[str, set[str]]:
+    """For each member of the delete-first set, the delete-before-replace roots it is deleted for."""
+    roots = {u for u in delete_first if effects[u].delete_before_replace}
+    dependents: dict[str, set[str]] = {u: set() for u in news}
+    for urn, reg in news.items():
+        for deps in reg.property_dependencies.values():
+            for dep in deps:
+                if dep in dependents:
+                    dependents[dep].add(urn)
+    owner: dict[str, set[str]] = {u: set() for u in delete_first}
+    for root in roots:
+        todo, seen = [root], {root}
+        while todo:
+            urn = todo.pop()
+            owner[urn].add(root)
+            for nxt in dependents.get(urn, ()):
+                if nxt in delete_first and nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+    return owner
+
+
 def _schedule(effects: Mapping[str, Effect], olds: Mapping[str, Registration],
               news: Mapping[str, Registration]) -> tuple[list[Step], list[Effect]]:
+    """Order the effects as the engine runs them, as steps numbered from 1.
+
+    Forward steps (create, update, replace) follow the new graph: a resource after everything it
+    depends on. A delete-before-replace replacement deletes itself and the dependents it renews
+    when the engine reaches it, so right before its own creation, dependents first. Deletions of
+    removed resources follow, dependents first, and the old halves of create-before-delete
+    replacements come last.
+    """
     delete_first = _delete_first_set(effects, news)
     forward = {u for u, e in effects.items() if e.action in ("create", "update", "replace")}
-    last = {u for u, e in effects.items() if e.action == "delete"} | {
-        u for u, e in effects.items() if e.action == "replace" and u not in delete_first
-    }
-    rows: list[tuple[int, str, Effect]] = []
-    # Deletions run dependents first: a level counts the members that depend on a resource.
-    first_levels = _levels(olds, delete_first, reverse=True)
-    offset = max(first_levels.values(), default=0)
-    for urn, lvl in first_levels.items():
-        rows.append((lvl, "delete first (replaced)", effects[urn]))
     forward_levels = _levels(news, forward)
+    last_forward = max(forward_levels.values(), default=0)
+    keyed: list[tuple[tuple[int, int, int], str, Effect]] = []
+    owners = _cascade_roots(delete_first, effects, news)
+    cascade_levels = _levels(olds, delete_first, reverse=True)  # 1: nothing in the set depends on it
+    for urn in delete_first:
+        at = min(forward_levels[root] for root in owners[urn])
+        keyed.append(((at, 0, cascade_levels[urn]), "delete first (replaced)", effects[urn]))
     for urn, lvl in forward_levels.items():
         effect = effects[urn]
         if effect.action == "replace":
@@ -426,27 +485,25 @@ def _schedule(effects: Mapping[str, Effect], olds: Mapping[str, Registration],
             kind = "update, power-cycles" if effect.reboots else "update"
         else:
             kind = "create"
-        rows.append((offset + lvl, kind, effect))
-    offset += max(forward_levels.values(), default=0)
-    removed = {u for u in last if effects[u].action == "delete"}
-    removed_levels = _levels(olds, removed, reverse=True)
-    for urn, lvl in removed_levels.items():
-        rows.append((offset + lvl, "delete", effects[urn]))
-    # The old halves of create-before-delete replacements go last, dependents first; only a
-    # step with a `delete` command does anything then.
-    offset += max(removed_levels.values(), default=0) + 1
-    for urn in last - removed:
-        rows.append((offset, "delete the replaced ones", effects[urn]))
-    rows.sort(key=lambda row: (row[0], row[1], row[2].name))
+        keyed.append(((lvl, 1, 0), kind, effect))
+    removed = {u for u, e in effects.items() if e.action == "delete"}
+    for urn, lvl in _levels(olds, removed, reverse=True).items():
+        keyed.append(((last_forward + 1, 2, lvl), "delete", effects[urn]))
+    # Only a step with a `delete` command does anything when its old half goes.
+    for urn, effect in effects.items():
+        if effect.action == "replace" and urn not in delete_first:
+            keyed.append(((last_forward + 2, 3, 0), "delete the replaced ones", effect))
+    keyed.sort(key=lambda row: (row[0], row[1], row[2].name))
+    number = {key: index for index, key in enumerate(dict.fromkeys(k for k, _, _ in keyed), start=1)}
     grouped: dict[tuple[int, str, tuple[str, ...]], list[Effect]] = {}
-    for order, kind, effect in rows:
+    for key, kind, effect in keyed:
         inputs = () if kind.startswith("delete") else effect.inputs
-        grouped.setdefault((order, kind, inputs), []).append(effect)
+        grouped.setdefault((number[key], kind, inputs), []).append(effect)
     steps = [
         Step(order, kind, tuple(e.name for e in group), tuple(dict.fromkeys(e.type for e in group)), inputs)
         for (order, kind, inputs), group in grouped.items()
     ]
-    ordered = list(dict.fromkeys(effect.urn for _, _, effect in rows))
+    ordered = list(dict.fromkeys(effect.urn for _, _, effect in keyed))
     return steps, [effects[urn] for urn in ordered]
 
 
@@ -456,7 +513,7 @@ _SHORT_TYPES = {
     VM: "VM",
     ANTI_AFFINITY_RULE: "DRS rule",
     COMMAND: "step",
-    DYNAMIC: "template",
+    DYNAMIC: "dynamic resource",
     RANDOM_PASSWORD: "random password",
     RANDOM_ID: "random id",
 }
@@ -533,9 +590,13 @@ def _new_ssh_key(ns: dict[str, Any]) -> None:
     ns["ssh"] = {**ns["ssh"], "publicKey": f"{kind} {base64.b64encode(bytes(blob)).decode()} rotated"}
 
 
+_ROTATED_PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nrotated\n-----END OPENSSH PRIVATE KEY-----\n"
+
 CHANGE_CASES: tuple[ChangeCase, ...] = (
     ChangeCase("Nothing changed (a second `up`)", lambda ns: None),
     ChangeCase("`ssh.publicKey`", _new_ssh_key),
+    ChangeCase("`sshPrivateKey` (the second `up` of a key rotation)", lambda ns: None,
+               {"labs-k8s:sshPrivateKey": _ROTATED_PRIVATE_KEY}),
     ChangeCase("`network.ntpServers`", _set("network", ntpServers=["ntp1.labs.local"])),
     ChangeCase("`network.dnsServers`", _set("network", dnsServers=["10.3.60.2"])),
     ChangeCase("`nodes.workers.memoryMib`", _grow_workers),
@@ -582,15 +643,23 @@ def summary(plan: Plan) -> str:
     return ", ".join(f"{n} {words[action]}" for action, n in plan.counts().items() if n) or "no change"
 
 
-def change_table(stack: str = "labs", cases: Iterable[ChangeCase] = CHANGE_CASES) -> str:
-    """The runbook's "you change X -> these resources ..." section, computed from the program."""
+def case_plans(stack: str = "labs", cases: Iterable[ChangeCase] = CHANGE_CASES) -> list[tuple[ChangeCase, Plan]]:
+    """Every case's plan, computed from the program (one `before` run shared by all)."""
     before = run_program(stack)
+    return [(case, plan_changes(*case_runs(case, stack, before))) for case in cases]
+
+
+def render_table(plans: Iterable[tuple[ChangeCase, Plan]]) -> str:
     parts = []
-    for case in cases:
-        plan = plan_changes(*case_runs(case, stack, before))
+    for case, plan in plans:
         parts.append(f"#### {case.title} → {summary(plan)}\n")
         parts.append(render_steps(plan) or "Nothing is created, updated, replaced or deleted; nothing reboots.\n")
     return "\n".join(parts)
+
+
+def change_table(stack: str = "labs", cases: Iterable[ChangeCase] = CHANGE_CASES) -> str:
+    """The runbook's "you change X -> these resources ..." section, computed from the program."""
+    return render_table(case_plans(stack, cases))
 
 
 def write_table(path: Path, table: str) -> bool:

@@ -176,7 +176,10 @@ class KubernetesConfig(_Model):
 
 class SshConfig(_Model):
     user: str = "labs"
+    # The key the remote steps log in with: labs-k8s:sshPrivateKey is its private half.
     public_key: str
+    # More keys the user trusts (people; the next key during a rotation, docs/runbook.md).
+    extra_public_keys: list[str] = Field(default_factory=list)
 
 
 Policy = Literal["mandatory", "preferred", "off"]
@@ -550,6 +553,9 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
     ssh_problem = _ssh_key_problem(cfg.ssh.public_key)
     if ssh_problem:
         add(ConfigProblem("ssh.publicKey", ssh_problem))
+    for index, extra_key in enumerate(cfg.ssh.extra_public_keys):
+        if extra_problem := _ssh_key_problem(extra_key):
+            add(ConfigProblem(f"ssh.extraPublicKeys[{index}]", extra_problem))
     if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", cfg.ssh.user) or cfg.ssh.user == "root":
         add(ConfigProblem("ssh.user", f"{cfg.ssh.user!r}: use a lowercase Linux user name other than root"))
 

@@ -8,11 +8,27 @@ from pulumi_command import remote
 
 from components import remote as steps
 from components import vsphere as vsphere_api
+from components.clone_source import CloneSource
 from components.config import LabConfig, Node, Role
 from components.rendering import node as node_rendering
 from components.rendering import read_file
 
 GUEST_ID = "debian12_64Guest"
+# Host time sync fully off: NTP (timesyncd) keeps time, and etcd hates a clock stepped under it.
+# sync_time_with_host*=False only stops the periodic sync (tools.syncTime, and on vSphere 7.0.1+
+# syncTimeWithHostAllowed); VMware Tools still steps the clock once on these events unless
+# their keys are off: VMware KB 1189 "Disabling Time Synchronization" and the VMware Tools
+# documentation "Disable Time Synchronization" (set these .vmx options to FALSE). Written as
+# "FALSE", the spelling vSphere itself uses, so what vCenter reports back equals what we set.
+HOST_TIME_SYNC_OFF = {
+    "time.synchronize.continue": "FALSE",  # after a snapshot or another stun of the VM (vMotion)
+    "time.synchronize.restore": "FALSE",  # after reverting to a snapshot
+    "time.synchronize.resume.disk": "FALSE",  # after resuming from suspend
+    "time.synchronize.resume.host": "FALSE",  # after the host resumes
+    "time.synchronize.shrink": "FALSE",  # after shrinking a disk
+    "time.synchronize.tools.startup": "FALSE",  # when VMware Tools starts (every boot)
+    "time.synchronize.tools.enable": "FALSE",  # when VMware Tools is enabled
+}
 # How long the readiness script waits for cloud-init once SSH answers; the SSH dials before that
 # are bounded by remote.BOOT_DIAL_ATTEMPTS.
 READINESS_TIMEOUT_SECONDS = 900
@@ -65,8 +81,14 @@ class NodeFleet(pulumi.ComponentResource):
         self.ready = {}
         wait_script = read_file("fleet/wait-for-cloud-init.sh")
         boot_dials = steps.dial_budget_seconds(steps.BOOT_DIAL_ATTEMPTS)
+        self.settings: dict[str, remote.Command] = {}
         for node in lab.all_nodes:
-            vm = self._clone(lab, node, template_uuid, pool_id, datastore.id, network.id)
+            identity = node_rendering.instance_id(lab, node)
+            source = CloneSource(
+                f"{node.name}-clone-source", node.name, identity, template_uuid,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            vm = self._clone(lab, node, source, identity, pool_id, datastore.id, network.id)
             self.vms[node.name] = vm
             self.ready[node.name] = steps.run_step(
                 f"{node.name}-ready",
@@ -81,6 +103,20 @@ class NodeFleet(pulumi.ComponentResource):
                 depends_on=[vm],
                 dial_attempts=steps.BOOT_DIAL_ATTEMPTS,
                 timeout=f"{(READINESS_TIMEOUT_SECONDS + boot_dials) // 60 + 5}m",
+            )
+            # What changes without a new VM (SSH keys, NTP, DNS, apt proxy) reaches the running
+            # node here. Nothing depends on it: re-running it re-runs nothing else.
+            self.settings[node.name] = steps.run_step(
+                f"{node.name}-node-settings",
+                lab=lab,
+                node=node,
+                private_key=private_key,
+                files=lambda node=node: node_rendering.node_settings_files(lab, node),
+                entrypoint=node_rendering.SETTINGS_ENTRYPOINT,
+                args=(lab.ssh.user, node_rendering.interface_name(lab)),
+                parent=self,
+                depends_on=[self.ready[node.name]],
+                timeout="10m",
             )
 
         self.rules: dict[Role, vsphere.ComputeClusterVmAntiAffinityRule] = {}
@@ -114,7 +150,8 @@ class NodeFleet(pulumi.ComponentResource):
         self,
         lab: LabConfig,
         node: Node,
-        template_uuid: pulumi.Input[str],
+        source: CloneSource,
+        identity: str,
         pool_id: pulumi.Input[str],
         datastore_id: pulumi.Input[str],
         network_id: pulumi.Input[str],
@@ -155,31 +192,40 @@ class NodeFleet(pulumi.ComponentResource):
                 )
             ],
             disks=disks,
-            clone=vsphere.VirtualMachineCloneArgs(template_uuid=template_uuid),
+            # The template of the node's creation; a new one only with a new VM (clone_source.py).
+            clone=vsphere.VirtualMachineCloneArgs(template_uuid=source.template),
             # Identity and network through cloud-init's VMware datasource, never guest
             # customization (unreliable on Debian: packer-examples-for-vsphere#815, #848).
             # The stack tag lets preflight tell this stack's VMs from anyone else's on the next run.
             extra_config={
                 **node_rendering.guestinfo_extra_config(lab, node),
                 **vsphere_api.stack_tag(pulumi.get_stack()),
+                **HOST_TIME_SYNC_OFF,
             },
+            # guestinfo changes in place (new SSH keys, NTP or DNS servers for a future replacement):
+            # never power-cycle a node for that (the provider's default for any extra_config change).
+            extra_config_reboot_required=False,
+            # ForceNew: a new cloud-init identity, or a new clone source, is a new VM; every other
+            # change is applied in place (docs/runbook.md, "What a config change does").
+            replace_trigger=pulumi.Output.concat(identity, " ", source.id),
             annotation=ownership_annotation(pulumi.get_stack()),
             # Static IPs: the provider's guest-network waiter would only wait for what we already
             # know (pulumi/pulumi-vsphere#182). Readiness is the cloud-init step below.
             wait_for_guest_net_timeout=0,
             wait_for_guest_ip_timeout=0,
-            # Known perpetual diffs when left to vCenter's defaults (pulumi/pulumi-vsphere#472).
-            ept_rvi_mode="automatic",
-            hv_mode="hvAuto",
             # Nodes keep time with NTP (timesyncd); two clocks fighting upsets etcd.
             sync_time_with_host=False,
             sync_time_with_host_periodically=False,
             opts=pulumi.ResourceOptions(
                 parent=self,
-                # A changed cloud-init means a new VM, never a reboot with half-applied state.
-                replace_on_changes=["extraConfig"],
-                # A rebuilt template does not replace running nodes: opt in per node with
-                # `pulumi up --replace <urn>` (docs/runbook.md).
-                ignore_changes=["clone"],
+                # The new VM has the same name in the same folder (vCenter: DuplicateName) and the
+                # same static IP that the readiness step dials: the old one must go first.
+                delete_before_replace=True,
+                # ept_rvi_mode and hv_mode are left unset: terraform-provider-vsphere made them
+                # Optional+Computed (#2172, #2194, #2230) because vSphere 8 reports "" for them
+                # (#1902, #2202), and both are on its reboot-required list, so a configured value
+                # would power-cycle every node on every `up`. Ignored so a value vCenter reports
+                # never turns into a change either.
+                ignore_changes=["eptRviMode", "hvMode"],
             ),
         )

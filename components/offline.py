@@ -195,11 +195,18 @@ class LabMocks(pulumi.runtime.Mocks):
     Outputs use the providers' camelCase property names, as the real engine returns them.
     """
 
-    def __init__(self, vip: str = "10.3.60.100") -> None:
+    def __init__(
+        self, vip: str = "10.3.60.100", kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None
+    ) -> None:
         self.vip = vip
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        # (type, name) -> outputs: resources the engine would leave as they are (a "same" step
+        # keeps the outputs in the state, whatever the new inputs), see components/changes.py.
+        self.kept = dict(kept or {})
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        if (args.typ, args.name) in self.kept:
+            return f"{args.name}-id", dict(self.kept[(args.typ, args.name)])
         # Only what providers compute: echoing every input back (stdin bundles, guestinfo) would make
         # the mock, not the program, dominate evaluation time.
         outputs: dict[str, Any] = {"name": args.inputs["name"]} if "name" in args.inputs else {}
@@ -214,7 +221,13 @@ class LabMocks(pulumi.runtime.Mocks):
         elif args.typ == "command:remote:Command":
             outputs.update(stdout=self._command_stdout(args.name), stderr="")
         elif args.typ == "pulumi-python:dynamic:Resource":
-            outputs.update(uuid=f"4201{_fake_hex(args.name, 28)}", moid=f"vm-{_fake_hex(args.name, 4)}")
+            # Both dynamic providers return their inputs as outputs (few, small); the template
+            # build adds the UUID and managed object id of the template it made.
+            outputs.update({k: v for k, v in args.inputs.items() if k != "__provider"})
+            if "isoUrl" in args.inputs:
+                # Keyed by the template's name (content hash included): a rebuilt template is a new VM.
+                built = str(args.inputs.get("name", args.name))
+                outputs.update(uuid=f"4201{_fake_hex(built, 28)}", moid=f"vm-{_fake_hex(built, 4)}")
         return resource_id, outputs
 
     def _command_stdout(self, name: str) -> str:
@@ -331,6 +344,10 @@ class OfflineRun:
     # keys of it are secret: what the engine would also hand a dynamic provider's Configure.
     config: dict[str, str] = field(default_factory=dict)
     secret_keys: list[str] = field(default_factory=list)
+    # The same program and config again, with some resources' outputs kept (LabMocks.kept).
+    rerun: Callable[[Mapping[tuple[str, str], Mapping[str, Any]]], OfflineRun] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def by_name(self, name: str) -> Registration:
         matches = [r for r in self.registrations.values() if r.name == name]
@@ -367,15 +384,17 @@ def run_program(
     preview: bool = False,
     monitor_sink: list[RecordingMonitor] | None = None,
     stack_file: str | None = None,
+    kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
 ) -> OfflineRun:
     """Run `__main__.py` (or `program`) as the engine would, under mocks, and return what it registered.
 
-    `stack_file` runs stack `stack` with the configuration of Pulumi.<stack_file>.yaml.
+    `stack_file` runs stack `stack` with the configuration of Pulumi.<stack_file>.yaml. `kept`
+    gives the outputs of resources that the mock providers return unchanged (LabMocks.kept).
     """
     config, secret_keys = stack_config(stack, overrides, stack_file)
     vip = json.loads(config["labs-k8s:loadBalancer"]).get("vip", "10.3.60.100") if (
         "labs-k8s:loadBalancer" in config) else "10.3.60.100"
-    mocks = LabMocks(vip=str(vip))
+    mocks = LabMocks(vip=str(vip), kept=kept)
     monitor = RecordingMonitor(mocks)
     if monitor_sink is not None:
         monitor_sink.append(monitor)  # lets a caller see what was registered before a failure
@@ -396,7 +415,10 @@ def run_program(
     finally:
         loop.close()
         asyncio.set_event_loop(None)
-    return OfflineRun(monitor.registrations, monitor.stack_outputs, mocks.calls, config, secret_keys)
+    def rerun(keep: Mapping[tuple[str, str], Mapping[str, Any]]) -> OfflineRun:
+        return run_program(stack, overrides, program, preview, None, stack_file, keep)
+
+    return OfflineRun(monitor.registrations, monitor.stack_outputs, mocks.calls, config, secret_keys, rerun)
 
 
 def lab_config_from_stack(stack: str = "labs", overrides: Mapping[str, Any] | None = None) -> Any:

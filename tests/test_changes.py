@@ -193,13 +193,9 @@ def test_a_second_up_changes_nothing(offline_run):
     assert plan_changes(offline_run, run_program("labs")).effects == []
 
 
-def test_the_template_provider_diff_is_the_one_that_runs(offline_run, run_with, lab_namespace):
-    """The dynamic provider's own diff() decides: a new ISO replaces the template, a new vCenter
-    password changes nothing about it."""
-    case = next(c for c in changes.CHANGE_CASES if "isoUrl" in c.title)
-    case.change(lab_namespace)
-    plan = plan_changes(offline_run, run_with(template=lab_namespace["template"]))
-    assert [(e.name, e.action) for e in plan.effects] == [("golden-template", "replace")]
+def test_the_template_provider_diff_is_the_one_that_runs(offline_run):
+    """The dynamic provider's own diff() decides: a new vCenter password changes nothing about
+    the template (a new ISO replaces it: test_a_rebuilt_template_leaves_the_nodes_alone)."""
     from components.offline import run_program
 
     rotated = run_program("labs", overrides={"vsphere:password": "another-password"})
@@ -208,10 +204,99 @@ def test_the_template_provider_diff_is_the_one_that_runs(offline_run, run_with, 
     assert plan_changes(offline_run, rotated).effect("golden-template") is None
 
 
-def test_runbook_table_is_computed_from_the_program():
+@pytest.fixture(scope="module")
+def case_plans() -> dict[str, changes.Plan]:
+    """Every runbook case's plan, computed once for this module."""
+    return {case.title: plan for case, plan in changes.case_plans()}
+
+
+def test_runbook_table_is_computed_from_the_program(case_plans):
     text = RUNBOOK.read_text()
     assert changes.TABLE_BEGIN in text and changes.TABLE_END in text
     committed = text.split(changes.TABLE_BEGIN, 1)[1].split(changes.TABLE_END, 1)[0].lstrip("\n")
-    assert committed == changes.change_table(), (
+    table = changes.render_table((case, case_plans[case.title]) for case in changes.CHANGE_CASES)
+    assert committed == table, (
         "docs/runbook.md's change table is stale: python -m components.changes --write docs/runbook.md"
     )
+
+
+# --------------------------------------------------------------------------- what the program decides
+
+
+def _plan_for(title_part: str, case_plans: dict[str, changes.Plan]) -> changes.Plan:
+    (plan,) = [plan for title, plan in case_plans.items() if title_part in title]
+    return plan
+
+
+@pytest.mark.parametrize("title_part", ["ssh.publicKey", "network.ntpServers", "network.dnsServers"])
+def test_in_place_changes_rebuild_and_reboot_nothing(case_plans, title_part):
+    """A key rotation or new NTP/DNS servers: guestinfo updated in place (no power cycle), the
+    node-settings step re-runs; no VM is replaced."""
+    plan = _plan_for(title_part, case_plans)
+    vms = [e for e in plan.effects if e.type == VM]
+    assert len(vms) == 7
+    assert {(e.action, e.inputs, e.reboots) for e in vms} == {("update", ("extraConfig",), False)}
+    settings = {e.name for e in plan.effects if e.name.endswith("-node-settings")}
+    assert len(settings) == 7
+    assert not [e for e in plan.effects if e.type == changes.ANTI_AFFINITY_RULE]
+
+
+def test_a_new_identity_replaces_the_vm_delete_first(case_plans):
+    plan = _plan_for("A worker's address", case_plans)
+    vm = plan.effect("labs-k8s-w01")
+    assert vm is not None and vm.action == "replace" and vm.delete_before_replace
+    assert {"replaceTrigger", "clone"} <= set(vm.inputs)
+    kinds = [(s.kind, s.names) for s in plan.steps]
+    delete_vm = kinds.index(("delete first (replaced)", ("labs-k8s-w01",)))
+    create_vm = next(i for i, (k, n) in enumerate(kinds) if k == "create replacement" and "labs-k8s-w01" in n)
+    # Everything on the node that reads the VM goes before the VM, and comes back after it.
+    for step_name in ("labs-k8s-w01-ready", "labs-k8s-w01-kubeadm-join"):
+        gone = next(i for i, (k, n) in enumerate(kinds) if k == "delete first (replaced)" and step_name in n)
+        back = next(i for i, (k, n) in enumerate(kinds) if k == "create replacement" and step_name in n)
+        assert gone < delete_vm < create_vm < back
+    assert all(e.name.startswith(("labs-k8s-w01", "workers-", "labs-k8s-m01-verify")) for e in plan.effects)
+
+
+def test_no_vm_is_ever_replaced_create_before_delete(case_plans):
+    replaced = 0
+    for title, plan in case_plans.items():
+        for effect in plan.effects:
+            if effect.type == VM and effect.action == "replace":
+                assert effect.delete_before_replace, (title, effect.name)
+                replaced += 1
+    assert replaced >= 3  # the cases do replace VMs (an address, data disks)
+
+
+def test_a_rebuilt_template_leaves_the_nodes_alone(case_plans):
+    plan = _plan_for("isoUrl", case_plans)
+    assert [(e.name, e.action) for e in plan.effects] == [("golden-template", "replace")]
+
+
+def test_a_node_replaced_after_a_template_rebuild_is_cloned_from_the_current_template(offline_run, lab_namespace):
+    """The engine keeps an ignored input's old value on a replacement too (processIgnoreChanges):
+    with `ignore_changes=["clone"]`, a node replaced after a rebuild would be cloned from the
+    template the rebuild deleted, after its old VM was deleted (delete-before-replace)."""
+    from components.offline import run_program
+
+    worker = "labs-k8s-w01"
+    case = next(c for c in changes.CHANGE_CASES if "isoUrl" in c.title)
+    case.change(lab_namespace)
+    overrides = {f"labs-k8s:{k}": v for k, v in lab_namespace.items()}
+    rebuild = plan_changes(offline_run, run_program("labs", overrides=overrides))
+    assert rebuild.after is not None
+    # What the engine records for the VM after the rebuild (its inputs, ignored paths kept old).
+    vm = rebuild.after.by_name(worker)
+    recorded = apply_ignore_changes(offline_run.by_name(worker).plain_inputs, vm.plain_inputs, vm.ignore_changes)
+    assert recorded["clone"] == offline_run.by_name(worker).plain_inputs["clone"]  # the node was left alone
+
+    lab_namespace["nodes"]["workers"]["hosts"][0]["ip"] = "10.3.60.64"
+    overrides = {f"labs-k8s:{k}": v for k, v in lab_namespace.items()}
+    move = plan_changes(rebuild.after, run_program("labs", overrides=overrides))
+    assert move.after is not None
+    effect = move.effect(worker)
+    assert effect is not None and effect.action == "replace" and effect.delete_before_replace
+    moved = move.after.by_name(worker)
+    replacement = apply_ignore_changes(recorded, moved.plain_inputs, moved.ignore_changes)
+    current = move.after.by_name("golden-template").plain_outputs["uuid"]
+    assert current != recorded["clone"]["templateUuid"]
+    assert replacement["clone"]["templateUuid"] == current

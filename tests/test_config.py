@@ -333,3 +333,9 @@ def test_bad_interface_names(lab_namespace, name):
 def test_good_interface_names(lab_namespace, name):
     lab_namespace["network"]["interface"] = name
     assert load_lab_config(lab_namespace).network.interface == name
+
+
+def test_extra_public_keys_are_checked_one_by_one(lab_namespace):
+    lab_namespace["ssh"]["extraPublicKeys"] = [lab_namespace["ssh"]["publicKey"], "ssh-ed25519 not-base64!"]
+    found = problems(lab_namespace)
+    assert list(found) == ["ssh.extraPublicKeys[1]"]

@@ -335,11 +335,34 @@ def test_instance_id_follows_the_node_content_only(cfg):
     assert instance_id(other, node_named(other, "labs-k8s-m01")) == before["labs-k8s-m01"]
     assert instance_id(other, node_named(other, "labs-k8s-w02")) != before["labs-k8s-w02"]
 
-    def new_key(raw):
+    # What a running node takes in place (the node-settings step) is not its identity: a reboot
+    # after a key rotation must not make cloud-init see a new instance (new host keys, users...).
+    def in_place(raw):
         raw["ssh"]["publicKey"] = public_key(seed=7)
+        raw["ssh"]["extraPublicKeys"] = [public_key(seed=8)]
+        raw["network"]["ntpServers"] = ["ntp.labs.local"]
+        raw["network"]["dnsServers"] = ["10.3.60.9"]
+        raw["mirrors"] = {"aptProxy": "http://apt-cache.labs.local:3142"}
 
-    rekeyed = make_cfg(new_key)
-    assert all(instance_id(rekeyed, n) != before[n.name] for n in rekeyed.all_nodes)
+    rekeyed = make_cfg(in_place)
+    assert {n.name: instance_id(rekeyed, n) for n in rekeyed.all_nodes} == before
+    assert all(render_userdata(rekeyed, n) != render_userdata(cfg, n) for n in rekeyed.all_nodes)  # carried
+
+    # Anything else in the documents is: the search domain (fqdn), the NIC name, the data disk.
+    def identity(raw):
+        raw["network"]["searchDomain"] = "lab2.local"
+
+    assert all(instance_id(make_cfg(identity), n) != before[n.name] for n in cfg.all_nodes)
+    bigger = make_cfg(lambda raw: raw["nodes"]["workers"].__setitem__("dataDiskGib", 60))
+    assert instance_id(bigger, node_named(bigger, "labs-k8s-w01")) != before["labs-k8s-w01"]
+    assert instance_id(bigger, node_named(bigger, "labs-k8s-m01")) == before["labs-k8s-m01"]
+
+
+def test_userdata_trusts_the_login_key_and_the_extra_keys(cfg):
+    extra = public_key(seed=3, comment="alice@ops")
+    more = make_cfg(lambda raw: raw["ssh"].__setitem__("extraPublicKeys", [extra, PUBLIC_KEY]))
+    doc = yaml.safe_load(render_userdata(more, more.workers[0]))
+    assert doc["users"][0]["ssh_authorized_keys"] == [PUBLIC_KEY, extra]  # login key first, no duplicate
 
 
 # --------------------------------------------------------------------------- Debian's cloud-init

@@ -58,7 +58,7 @@ def test_every_resource_is_parented_to_its_component(offline_run):
             assert offline_run.parent_name(reg.name) in component_names - {"labs-k8s"}, reg.name
     by_parent = {
         "template": {"pulumi-python:dynamic:Resource"},
-        "fleet": {VM, RULE, COMMAND},
+        "fleet": {VM, RULE, COMMAND, "pulumi-python:dynamic:Resource"},
         "balancers": {COMMAND, "random:index/randomPassword:RandomPassword"},
     }
     for parent, types in by_parent.items():
@@ -111,13 +111,27 @@ def test_template_is_deleted_on_destroy_unless_retained(offline_run, run_with, l
     assert kept.by_name("golden-template").retain_on_delete is True
 
 
-def test_template_uuid_feeds_every_clone(offline_run):
+def test_template_uuid_feeds_every_clone_through_its_clone_source(offline_run, lab_config):
+    """The template reaches a VM through the node's CloneSource (components/clone_source.py)."""
+    from components.rendering.node import instance_id
+
     template = offline_run.by_name("golden-template")
     vms = offline_run.of_type(VM)
     assert len(vms) == 7
+    nodes = {n.name: n for n in lab_config.all_nodes}
     for vm in vms:
-        assert template.urn in vm.property_dependencies["clone"]
-        assert vm.plain_inputs["clone"]["templateUuid"].startswith("4201")
+        source = offline_run.by_name(f"{vm.name}-clone-source")
+        assert template.urn in source.property_dependencies["template"]
+        assert source.plain_inputs == {
+            "node": vm.name, "identity": instance_id(lab_config, nodes[vm.name]),
+            "template": source.plain_inputs["template"],
+        }
+        assert source.plain_inputs["template"].startswith("4201")
+        assert vm.property_dependencies["clone"] == [source.urn]
+        assert vm.plain_inputs["clone"]["templateUuid"] == source.plain_inputs["template"]
+        # A new clone source (identity changed, or replaced by hand) is a new VM.
+        assert source.urn in vm.property_dependencies["replaceTrigger"]
+        assert vm.plain_inputs["replaceTrigger"].startswith(instance_id(lab_config, nodes[vm.name]) + " ")
 
 
 def test_node_changes_do_not_rebuild_the_template(offline_run, run_with, lab_namespace):
@@ -151,8 +165,45 @@ def test_clones_have_the_template_hardware_and_role_sizes(offline_run, lab_confi
         assert (inputs["numCpus"], inputs["memory"]) == (node.vcpu, node.memory_mib)
         assert inputs["folder"] == "labs-k8s"
         assert inputs["waitForGuestNetTimeout"] == 0 and inputs["waitForGuestIpTimeout"] == 0
-        assert (inputs["eptRviMode"], inputs["hvMode"]) == ("automatic", "hvAuto")
-        assert "extraConfig" in vm.replace_on_changes
+
+
+def test_clones_leave_what_vcenter_normalizes_alone_and_never_reboot_for_guestinfo(offline_run):
+    """ept_rvi_mode / hv_mode: unset and ignored (vSphere 8 reports "", both reboot the VM:
+    terraform-provider-vsphere #1902, #2202). guestinfo updates in place without a power cycle."""
+    for vm in offline_run.of_type(VM):
+        inputs = vm.plain_inputs
+        assert "eptRviMode" not in inputs and "hvMode" not in inputs
+        assert {"eptRviMode", "hvMode"} <= set(vm.ignore_changes)
+        assert "clone" not in vm.ignore_changes  # a replacement must clone the current source
+        assert inputs["extraConfigRebootRequired"] is False
+        assert vm.replace_on_changes == ()  # replaceTrigger (ForceNew) decides
+        assert vm.delete_before_replace is True  # same name, same static IP
+
+
+def test_host_time_sync_is_fully_off(offline_run):
+    """VMware KB 1189: periodic sync off is not enough; the one-off syncs need their own keys."""
+    keys = {
+        "time.synchronize.continue", "time.synchronize.restore", "time.synchronize.resume.disk",
+        "time.synchronize.resume.host", "time.synchronize.shrink", "time.synchronize.tools.startup",
+        "time.synchronize.tools.enable",
+    }
+    for vm in offline_run.of_type(VM):
+        inputs = vm.plain_inputs
+        assert inputs["syncTimeWithHost"] is False and inputs["syncTimeWithHostPeriodically"] is False
+        extra = inputs["extraConfig"]
+        assert {k: extra.get(k) for k in keys} == dict.fromkeys(keys, "FALSE")
+        assert "tools.syncTime" not in extra  # the provider sets it from syncTimeWithHostPeriodically
+
+
+def test_every_node_gets_a_node_settings_step_that_nothing_waits_for(offline_run, lab_config):
+    settings = {r.name: r for r in offline_run.of_type(COMMAND) if r.name.endswith("-node-settings")}
+    assert set(settings) == {f"{n.name}-node-settings" for n in lab_config.all_nodes}
+    for name, reg in settings.items():
+        node = name.removesuffix("-node-settings")
+        assert offline_run.depends_on(name, f"{node}-ready")
+        assert reg.plain_inputs["connection"]["host"] == NODES[node]
+    for reg in offline_run.registrations.values():
+        assert not set(reg.dependencies) & {r.urn for r in settings.values()}, reg.name
 
 
 def test_clones_have_a_static_mac_that_their_network_config_matches(offline_run, lab_config):
@@ -202,7 +253,8 @@ def test_adding_a_worker_leaves_the_others_untouched(offline_run, run_with, lab_
     new = {r.name for r in grown.registrations.values()} - {r.name for r in offline_run.registrations.values()}
     assert new == {
         "labs-k8s-w03", "labs-k8s-w03-ready", "labs-k8s-w03-prepare", "labs-k8s-w03-refresh-join-material",
-        "labs-k8s-w03-kubeadm-join", "labs-k8s-w03-drain-on-removal",
+        "labs-k8s-w03-kubeadm-join", "labs-k8s-w03-drain-on-removal", "labs-k8s-w03-clone-source",
+        "labs-k8s-w03-node-settings",
     }
 
 

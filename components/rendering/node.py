@@ -24,6 +24,19 @@ METADATA_TEMPLATE = "node/metadata.yaml.j2"
 NETWORK_TEMPLATE = "node/network-config.yaml.j2"
 USERDATA_TEMPLATE = "node/user-data.yaml.j2"
 DATA_DISK_CHECK = "node/data-disk-ready.sh"
+SETTINGS_SCRIPT = "node/apply-node-settings.sh"
+SETTINGS_ENTRYPOINT = "apply-node-settings.sh"
+
+# The config keys whose change a running node takes in place (the node-settings step), without
+# a new VM. Everything else in a node's cloud-init documents is its identity: a change there
+# gives a new instance-id, and the VM layer replaces the VM on a new instance-id.
+IN_PLACE_KEYS = (
+    "ssh.publicKey",
+    "ssh.extraPublicKeys",
+    "network.ntpServers",
+    "network.dnsServers",
+    "mirrors.aptProxy",
+)
 
 # The data disk: SCSI unit 1 of the first PVSCSI controller. vSphere puts that controller in
 # PCI slot 160, which Linux sees as 0000:03:00.0 (as slot 192 gives the NIC its name ens192).
@@ -134,6 +147,12 @@ def _data_disk_context(node: Node) -> dict[str, str] | None:
     }
 
 
+def authorized_keys(cfg: LabConfig) -> list[str]:
+    """The keys the node's user trusts: ssh.publicKey, then ssh.extraPublicKeys (no duplicates)."""
+    keys = [cfg.ssh.public_key.strip(), *(key.strip() for key in cfg.ssh.extra_public_keys)]
+    return list(dict.fromkeys(key for key in keys if key))
+
+
 def render_userdata(cfg: LabConfig, node: Node) -> str:
     """The node's `#cloud-config`."""
     return render_template(
@@ -143,16 +162,37 @@ def render_userdata(cfg: LabConfig, node: Node) -> str:
         hostname=node.name,
         fqdn=fqdn(cfg, node),
         ssh_user=cfg.ssh.user,
-        ssh_public_key=cfg.ssh.public_key.strip(),
+        ssh_public_keys=authorized_keys(cfg),
         ntp_servers=list(cfg.network.ntp_servers),
         apt_proxy=cfg.mirrors.apt_proxy,
         data_disk=_data_disk_context(node),
     )
 
 
+def identity_config(cfg: LabConfig) -> LabConfig:
+    """`cfg` with the IN_PLACE_KEYS blanked: what a node's identity is computed from."""
+    return cfg.model_copy(
+        update={
+            "ssh": cfg.ssh.model_copy(update={"public_key": "", "extra_public_keys": []}),
+            "network": cfg.network.model_copy(update={"ntp_servers": [], "dns_servers": []}),
+            "mirrors": cfg.mirrors.model_copy(update={"apt_proxy": None}),
+        }
+    )
+
+
 def instance_id(cfg: LabConfig, node: Node) -> str:
-    """Stable for the same content; new when this node's user-data or network config changes."""
-    return f"{node.name}-{content_hash(render_userdata(cfg, node), render_network_config(cfg, node))}"
+    """Stable for the same identity; new when anything of this node's user-data, network config
+    or data disk changes but the IN_PLACE_KEYS (those a running node takes without a new VM).
+
+    The VM layer replaces the VM when it changes (its `replace_trigger`); cloud-init treats a new
+    ID as a new instance. Keeping it across in-place changes keeps a reboot from re-running
+    cloud-init's per-instance modules (new host keys, users) on a node that is in service.
+    """
+    identity = identity_config(cfg)
+    digest = content_hash(
+        render_userdata(identity, node), render_network_config(identity, node), f"data-disk:{node.data_disk_gib}"
+    )
+    return f"{node.name}-{digest}"
 
 
 def render_metadata(cfg: LabConfig, node: Node) -> str:
@@ -202,4 +242,20 @@ def node_files(cfg: LabConfig, node: Node) -> dict[str, str]:
     return {
         "meta-data.yaml": render_metadata(cfg, node),
         "user-data.yaml": render_userdata(cfg, node),
+    }
+
+
+def node_settings_files(cfg: LabConfig, node: Node) -> dict[str, str]:
+    """The bundle of the node-settings step: cloudinit/node/apply-node-settings.sh and its inputs,
+    the current values of the IN_PLACE_KEYS (the same values the node's guestinfo carries)."""
+    resolv = [f"nameserver {server}" for server in cfg.network.dns_servers]
+    if cfg.network.search_domain:
+        resolv.append(f"search {cfg.network.search_domain}")
+    return {
+        SETTINGS_ENTRYPOINT: read_file(SETTINGS_SCRIPT),
+        "authorized_keys": "".join(f"{key}\n" for key in authorized_keys(cfg)),
+        "ntp-servers": " ".join(cfg.network.ntp_servers) + "\n",
+        "network-config.yaml": render_network_config(cfg, node),
+        "resolv.conf": "".join(f"{line}\n" for line in resolv),
+        "apt-proxy": f"{cfg.mirrors.apt_proxy}\n" if cfg.mirrors.apt_proxy else "",
     }
