@@ -341,10 +341,11 @@ def plan_changes(before: OfflineRun, after: OfflineRun) -> Plan:
     """The effect of going from `before` to `after` on every custom resource, in execution order.
 
     A resource the engine leaves as it is (a "same" step) keeps its old outputs even when its
-    inputs changed (the CloneSource keeps the template of its creation); the mock providers
-    compute outputs from the new inputs. So when such a resource's outputs differ between the
-    runs, `after` is run again with the old outputs kept for it (OfflineRun.rerun), until the
-    plan no longer changes.
+    inputs changed (the CloneSource keeps the template of its creation), while the mock
+    providers compute outputs from the new inputs. So when such a resource's outputs differ
+    between the runs, `after` is run again with the old outputs kept for it (OfflineRun.rerun)
+    until the plan settles. A run that cannot be re-run (one read back from a document) gets the
+    same correction by hand: each input that reads only such resources takes its old value.
     """
     kept: dict[tuple[str, str], dict[str, Any]] = {}
     for _ in range(8):
@@ -352,16 +353,37 @@ def plan_changes(before: OfflineRun, after: OfflineRun) -> Plan:
         olds, news = _custom(before), _custom(after)
         touched = {e.urn for e in plan.effects}
         stale = {
-            (news[urn].type, news[urn].name): olds[urn].plain_outputs
-            for urn in news
+            urn for urn in news
             if urn in olds and urn not in touched and olds[urn].plain_outputs != news[urn].plain_outputs
         }
-        if not stale or after.rerun is None:
+        if not stale:
             plan.after = after
             return plan
-        kept.update(stale)
-        after = after.rerun(kept)
+        if after.rerun is not None:
+            kept.update({(news[urn].type, news[urn].name): olds[urn].plain_outputs for urn in stale})
+            after = after.rerun(kept)
+        else:
+            after = _keep_outputs(before, after, stale)
     raise RuntimeError("the plan did not settle after 8 runs of the program")
+
+
+def _keep_outputs(before: OfflineRun, after: OfflineRun, kept: set[str]) -> OfflineRun:
+    """`after` with the outputs of `kept` as in `before`, and every input that reads nothing but
+    `kept` resources back to its old value (what a re-run with those outputs would register)."""
+    registrations = dict(after.registrations)
+    for urn, reg in after.registrations.items():
+        old = before.registrations.get(urn)
+        if old is None:
+            continue
+        patched = copy.copy(reg)
+        patched.__dict__["plain_outputs"] = old.plain_outputs if urn in kept else reg.plain_outputs
+        inputs = dict(reg.plain_inputs)
+        for key, deps in reg.property_dependencies.items():
+            if deps and set(deps) <= kept and key in old.plain_inputs:
+                inputs[key] = old.plain_inputs[key]
+        patched.__dict__["plain_inputs"] = inputs
+        registrations[urn] = patched
+    return OfflineRun(registrations, after.stack_outputs, after.calls, after.config, after.secret_keys)
 
 
 def _plan_once(before: OfflineRun, after: OfflineRun) -> Plan:

@@ -300,3 +300,13 @@ def test_a_node_replaced_after_a_template_rebuild_is_cloned_from_the_current_tem
     current = move.after.by_name("golden-template").plain_outputs["uuid"]
     assert current != recorded["clone"]["templateUuid"]
     assert replacement["clone"]["templateUuid"] == current
+
+
+def test_a_run_that_cannot_be_rerun_plans_the_same(offline_run, case_plans):
+    """A run read back from a document has no `rerun`: the by-hand correction gives the same plan."""
+    case = next(c for c in changes.CHANGE_CASES if "ntpServers" in c.title)
+    before, after = changes.case_runs(case, before=offline_run)
+    after.rerun = None
+    plan = plan_changes(before, after)
+    assert plan.effects == case_plans[case.title].effects
+    assert plan.steps == case_plans[case.title].steps
