@@ -52,7 +52,7 @@ from typing import Any
 
 from pulumi.runtime import rpc
 
-from components.offline import REPO_ROOT, OfflineRun, Registration, run_program
+from components.offline import REPO_ROOT, OfflineRun, Registration, _private_key_placeholder, run_program
 
 PathPart = str | int
 PropertyPath = tuple[PathPart, ...]
@@ -603,21 +603,30 @@ def _new_debian(ns: dict[str, Any]) -> None:
                       "isoSha256": "0" * 64}
 
 
-def _new_ssh_key(ns: dict[str, Any]) -> None:
+def _next_public_key() -> str:
     from components.offline import PLACEHOLDER_PUBLIC_KEY
 
     kind, body, _ = PLACEHOLDER_PUBLIC_KEY.split(" ", 2)
     blob = bytearray(base64.b64decode(body))
     blob[-1] ^= 1  # another well-formed ed25519 key
-    ns["ssh"] = {**ns["ssh"], "publicKey": f"{kind} {base64.b64encode(bytes(blob)).decode()} rotated"}
+    return f"{kind} {base64.b64encode(bytes(blob)).decode()} rotated"
 
 
-_ROTATED_PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nrotated\n-----END OPENSSH PRIVATE KEY-----\n"
+def _trust_next_key(ns: dict[str, Any]) -> None:
+    ns["ssh"] = {**ns["ssh"], "extraPublicKeys": [_next_public_key()]}
+
+
+def _swap_to_next_key(ns: dict[str, Any]) -> None:
+    ns["ssh"] = {**ns["ssh"], "publicKey": _next_public_key(), "extraPublicKeys": []}
+
+
+# Another private key in form (offline runs carry no real key): what the steps' connection holds.
+_ROTATED_PRIVATE_KEY = _private_key_placeholder(" (rotated)")
 
 CHANGE_CASES: tuple[ChangeCase, ...] = (
     ChangeCase("Nothing changed (a second `up`)", lambda ns: None),
-    ChangeCase("`ssh.publicKey`", _new_ssh_key),
-    ChangeCase("`sshPrivateKey` (the second `up` of a key rotation)", lambda ns: None,
+    ChangeCase("`ssh.extraPublicKeys` (the first `up` of a key rotation)", _trust_next_key),
+    ChangeCase("`ssh.publicKey` + `sshPrivateKey` (the second `up` of a key rotation)", _swap_to_next_key,
                {"labs-k8s:sshPrivateKey": _ROTATED_PRIVATE_KEY}),
     ChangeCase("`network.ntpServers`", _set("network", ntpServers=["ntp1.labs.local"])),
     ChangeCase("`network.dnsServers`", _set("network", dnsServers=["10.3.60.2"])),

@@ -228,7 +228,8 @@ def _plan_for(title_part: str, case_plans: dict[str, changes.Plan]) -> changes.P
     return plan
 
 
-@pytest.mark.parametrize("title_part", ["ssh.publicKey", "network.ntpServers", "network.dnsServers"])
+@pytest.mark.parametrize("title_part", ["ssh.extraPublicKeys", "ssh.publicKey` +", "network.ntpServers",
+                                        "network.dnsServers"])
 def test_in_place_changes_rebuild_and_reboot_nothing(case_plans, title_part):
     """A key rotation or new NTP/DNS servers: guestinfo updated in place (no power cycle), the
     node-settings step re-runs; no VM is replaced."""
