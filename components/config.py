@@ -52,6 +52,9 @@ KUBEADM_V1BETA4_FROM_MINOR = 31
 # DNS label: RFC 1123, what Kubernetes accepts as a node name component.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _K8S_VERSION = re.compile(r"^1\.(\d+)\.(\d+)$")
+_CONTAINERD_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+# Kubernetes 1.36 no longer supports containerd 1.x (KEP-4033); older minors accept 1.7.
+CONTAINERD_2_FROM_MINOR = 36
 _SSH_KEY_TYPES = (
     "ssh-ed25519",
     "ssh-rsa",
@@ -155,6 +158,9 @@ class KubernetesConfig(_Model):
     pod_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("10.244.0.0/16")
     service_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("10.96.0.0/12")
     cluster_name: str = "labs-k8s"
+    # containerd.io from Docker's repository, installed at exactly this upstream version and held:
+    # the runtime under every pod changes only when this value does.
+    containerd_version: str = "2.2.1"
     # Explicit non-HA opt-in: exactly one control plane.
     allow_single_control_plane: bool = False
 
@@ -548,6 +554,18 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
     elif int(match.group(1)) not in SUPPORTED_K8S_MINORS:
         add(ConfigProblem("kubernetes.version", f"{cfg.kubernetes.version} is not supported; "
                           f"use a release of minors {supported}"))
+
+    # Container runtime: Kubernetes 1.36 dropped containerd 1.x; older minors accept 1.7 and later.
+    containerd = _CONTAINERD_VERSION.match(cfg.kubernetes.containerd_version)
+    if containerd is None:
+        add(ConfigProblem("kubernetes.containerdVersion", f"{cfg.kubernetes.containerd_version!r} is not a "
+                          "containerd release; write MAJOR.MINOR.PATCH as Docker's containerd.io package has it "
+                          "(e.g. 2.2.1; `apt-cache madison containerd.io` lists them)"))
+    elif match is not None:
+        needed = (2, 0) if int(match.group(1)) >= CONTAINERD_2_FROM_MINOR else (1, 7)
+        if (int(containerd.group(1)), int(containerd.group(2))) < needed:
+            add(ConfigProblem("kubernetes.containerdVersion", f"containerd {cfg.kubernetes.containerd_version} is "
+                              f"too old for Kubernetes {cfg.kubernetes.version}; use {needed[0]}.{needed[1]} or newer"))
 
     # SSH.
     ssh_problem = _ssh_key_problem(cfg.ssh.public_key)

@@ -171,6 +171,25 @@ def test_unsupported_kubernetes_version(lab_namespace, version):
 
 
 @pytest.mark.parametrize(
+    ("kubernetes", "message"),
+    [
+        ({"containerdVersion": "2.2"}, "not a containerd release"),
+        ({"containerdVersion": "latest"}, "not a containerd release"),
+        ({"containerdVersion": "1.7.28"}, "too old for Kubernetes 1.36.0; use 2.0 or newer"),
+        ({"version": "1.35.2", "containerdVersion": "1.6.20"}, "too old for Kubernetes 1.35.2; use 1.7 or newer"),
+    ],
+)
+def test_containerd_version_is_a_release_the_kubernetes_minor_supports(lab_namespace, kubernetes, message):
+    lab_namespace["kubernetes"].update(kubernetes)
+    assert message in problems(lab_namespace)["kubernetes.containerdVersion"]
+
+
+def test_containerd_1_7_is_fine_for_older_minors(lab_namespace):
+    lab_namespace["kubernetes"].update(version="1.35.2", containerdVersion="1.7.28")
+    assert load_lab_config(lab_namespace).kubernetes.containerd_version == "1.7.28"
+
+
+@pytest.mark.parametrize(
     ("role", "field", "value", "minimum"),
     [
         ("controlPlanes", "vcpu", 1, "2"),

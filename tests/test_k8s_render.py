@@ -503,6 +503,7 @@ def test_params_are_valid_bash_with_the_configured_values() -> None:
     assert worker["K8S_VERSION"] == "1.36.0"
     assert worker["K8S_MINOR_VERSION"] == "1.36"
     assert worker["CONTAINERD_MIN_VERSION"] == "2.0"
+    assert worker["CONTAINERD_VERSION"] == "2.2.1"
     assert worker["NTP_SERVERS"] == "ntp1.labs.local ntp2.labs.local"
     assert worker["APT_PROXY"] == "http://apt.labs.local:3142"
     assert worker["REGISTRY_MIRROR"] == "http://registry.labs.local:5000"

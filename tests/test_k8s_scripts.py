@@ -289,7 +289,7 @@ def test_prepare_node_refuses_an_ambiguous_or_foreign_data_disk(
 
 def test_prepare_node_with_containerd_1_7_on_an_older_minor_writes_the_1x_config(harness: ShellHarness) -> None:
     h = harness
-    cfg = make_lab_config(kubernetes={"version": "1.35.2"})
+    cfg = make_lab_config(kubernetes={"version": "1.35.2", "containerdVersion": "1.7.28"})
     fresh_debian_node(h)
     h.set_state("dpkg/containerd.io", "1.7.28-1~debian.12~bookworm")
     h.set_state("containerd-version", "1.7.28")
@@ -418,7 +418,7 @@ def test_prepare_node_reads_real_containerd_dumps(harness: ShellHarness, dump: s
         fresh_debian_node(h)
         h.set_state("containerd-dump", REAL_DUMP_2X)
     else:
-        cfg = make_lab_config(kubernetes={"version": "1.35.2"})
+        cfg = make_lab_config(kubernetes={"version": "1.35.2", "containerdVersion": "1.7.28"})
         fresh_debian_node(h)
         h.set_state("dpkg/containerd.io", "1.7.28-1~debian.12~bookworm")
         h.set_state("containerd-version", "1.7.28")
@@ -504,6 +504,57 @@ def test_prepare_node_refuses_a_docker_key_with_another_fingerprint(harness: She
     result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
     assert "does not have the fingerprint 9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in result.stderr
     assert not (h.root / "etc/apt/keyrings/docker.asc").exists()
+
+
+def test_prepare_node_installs_exactly_the_pinned_containerd_and_holds_it(harness: ShellHarness) -> None:
+    h = harness
+    cfg = make_lab_config(kubernetes={"containerdVersion": "2.1.5"})
+    fresh_debian_node(h)
+    h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
+    ok(h.run(k8s.PREPARE_ENTRYPOINT))
+    # Not the newest 2.x the repository offers (2.2.1): the configured one.
+    assert h.calls_matching("apt-get", "install", "containerd.io=2.1.5-1~debian.12~bookworm")
+    assert not any("containerd.io=" + CONTAINERD_2 in call for call in h.calls("apt-get"))
+    assert h.calls_matching("apt-mark", "hold", "containerd.io")
+
+    # The same pin again: nothing installed. A new pin: exactly that version, over the hold.
+    h.reset_log()
+    ok(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert not any(arg.startswith("containerd.io=") for call in h.calls("apt-get") for arg in call)
+    moved = make_lab_config(kubernetes={"containerdVersion": "2.2.1"})
+    h.install_step(k8s.prepare_files(moved, moved.workers[0]))
+    ok(h.run(k8s.PREPARE_ENTRYPOINT))
+    install = h.calls_matching("apt-get", "install", f"containerd.io={CONTAINERD_2}")
+    assert install and "--allow-change-held-packages" in install[0]
+
+
+def test_prepare_node_names_the_key_when_the_pinned_containerd_is_not_published(harness: ShellHarness) -> None:
+    h = harness
+    cfg = make_lab_config(kubernetes={"containerdVersion": "2.9.9"})
+    fresh_debian_node(h)
+    h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
+    result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert "no containerd.io 2.9.9" in result.stderr
+    assert "labs-k8s:kubernetes.containerdVersion" in result.stderr
+    assert "2.2.1-1~debian.12~bookworm" in result.stderr  # what the repository does have
+    assert not any(arg.startswith("containerd.io=") for call in h.calls("apt-get") for arg in call)
+
+
+def test_prepare_node_refuses_a_kubernetes_key_with_another_fingerprint(harness: ShellHarness, cfg: LabConfig) -> None:
+    h = harness
+    fresh_debian_node(h)
+    h.stub("gpg", r"""
+case $(cat "${*: -1}") in
+    *docker*) echo "fpr:::::::::9DC858229FC7DD38854AE2D88D81803C0EBFCD88:" ;;
+    *) echo "fpr:::::::::1111111111111111111111111111111111111111:" ;;
+esac
+""")
+    h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
+    result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert "Release.key does not have the fingerprint DE15B14486CD377B9E876E1A234654DA9A296436" in result.stderr
+    assert (h.root / "etc/apt/keyrings/docker.asc").exists()
+    assert not (h.root / "etc/apt/keyrings/kubernetes-apt-keyring.asc").exists()
+    assert h.calls_matching("apt-get", "install", "kubeadm=1.36.0-1.1") == []
 
 
 # ------------------------------------------------------------------ kubeadm-init.sh

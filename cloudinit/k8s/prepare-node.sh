@@ -5,7 +5,7 @@
 # the configured patch release. Guarded throughout: a second run changes nothing.
 #
 # Parameters (params.env, rendered by components/rendering/k8s.py): NODE_NAME, NODE_ROLE,
-# K8S_VERSION, K8S_MINOR_VERSION, CONTAINERD_MIN_VERSION, NTP_SERVERS (array), APT_PROXY,
+# K8S_VERSION, K8S_MINOR_VERSION, CONTAINERD_MIN_VERSION, CONTAINERD_VERSION, NTP_SERVERS (array), APT_PROXY,
 # REGISTRY_MIRROR, DATA_DISK_GIB, DATA_DISK_MOUNT, DATA_DISK_LABEL, DATA_DISK_UNIT.
 # stdout: "prepared <node name>".
 set -Eeuo pipefail
@@ -14,7 +14,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/lib.sh"
 require_root
 load_params "$HERE"
-: "${NODE_NAME:?}" "${NODE_ROLE:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${CONTAINERD_MIN_VERSION:?}"
+: "${NODE_NAME:?}" "${NODE_ROLE:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${CONTAINERD_MIN_VERSION:?}" "${CONTAINERD_VERSION:?}"
 : "${APT_PROXY?}" "${REGISTRY_MIRROR?}" "${DATA_DISK_GIB:?}" "${DATA_DISK_MOUNT?}" "${DATA_DISK_LABEL?}" "${DATA_DISK_UNIT?}"
 ((${#NTP_SERVERS[@]} > 0)) || die "NTP_SERVERS is empty"
 
@@ -23,8 +23,11 @@ export DEBIAN_FRONTEND=noninteractive
 APT_INSTALL=(apt-get install -y -q --no-install-recommends
     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
 CONTAINERD_SOCKET=unix:///run/containerd/containerd.sock
-# Docker's release signing key (docs.docker.com, "Install Docker Engine on Debian").
+# Repository signing keys, checked by fingerprint before apt trusts them: Docker's release key
+# (docs.docker.com, "Install Docker Engine on Debian") and the pkgs.k8s.io key (isv:kubernetes
+# OBS project; `curl -fsSL https://pkgs.k8s.io/core:/stable:/v1.36/deb/Release.key | gpg --show-keys`).
 DOCKER_KEY_FINGERPRINT=9DC858229FC7DD38854AE2D88D81803C0EBFCD88
+KUBERNETES_KEY_FINGERPRINT=DE15B14486CD377B9E876E1A234654DA9A296436
 
 APT_FRESH=0
 apt_update() {
@@ -245,19 +248,28 @@ install_base_packages() {
     fi
 }
 
-# fetch_key URL: download a repository signing key to a temporary file; prints its path.
-fetch_key() {
-    local url=$1 tmp
+# install_verified_key URL FINGERPRINT DEST: download a repository signing key and install it as
+# DEST only when it is the key with FINGERPRINT (a compromised mirror or proxy cannot swap it).
+install_verified_key() {
+    local url=$1 fingerprint=$2 dest=$3 tmp gnupg_home
     local proxy=()
     [[ -z $APT_PROXY ]] || proxy=(--proxy "$APT_PROXY")
     tmp=$(mktemp)
     curl -fsSL --retry 3 --connect-timeout 10 --max-time 60 "${proxy[@]}" -o "$tmp" "$url" ||
         die "could not download $url"
-    printf '%s\n' "$tmp"
+    gnupg_home=$(mktemp -d)
+    if ! GNUPGHOME=$gnupg_home gpg --batch --show-keys --with-colons "$tmp" 2>/dev/null |
+        awk -F: '$1 == "fpr" {print $10}' | grep -qx "$fingerprint"; then
+        rm -rf "$gnupg_home" "$tmp"
+        die "the key served by $url does not have the fingerprint $fingerprint"
+    fi
+    rm -rf "$gnupg_home"
+    install -m 0644 "$tmp" "$dest"
+    rm -f "$tmp"
 }
 
 configure_repositories() {
-    local keyrings=$ROOT/etc/apt/keyrings codename arch tmp gnupg_home
+    local keyrings=$ROOT/etc/apt/keyrings codename arch
     # shellcheck source=/dev/null
     codename=$(. "$ROOT/etc/os-release" && printf '%s' "${VERSION_CODENAME:-}")
     [[ -n $codename ]] || die "cannot read VERSION_CODENAME from /etc/os-release"
@@ -267,16 +279,7 @@ configure_repositories() {
     # containerd 2.x: Kubernetes 1.36 dropped containerd 1.x and Debian 12 ships 1.6, so the
     # runtime comes from Docker's apt repository (containerd.io bundles runc; signed, patched).
     if [[ ! -s $keyrings/docker.asc ]]; then
-        tmp=$(fetch_key https://download.docker.com/linux/debian/gpg)
-        gnupg_home=$(mktemp -d)
-        if ! GNUPGHOME=$gnupg_home gpg --batch --show-keys --with-colons "$tmp" 2>/dev/null |
-            awk -F: '$1 == "fpr" {print $10}' | grep -qx "$DOCKER_KEY_FINGERPRINT"; then
-            rm -rf "$gnupg_home" "$tmp"
-            die "the key served by download.docker.com does not have the fingerprint $DOCKER_KEY_FINGERPRINT"
-        fi
-        rm -rf "$gnupg_home"
-        install -m 0644 "$tmp" "$keyrings/docker.asc"
-        rm -f "$tmp"
+        install_verified_key https://download.docker.com/linux/debian/gpg "$DOCKER_KEY_FINGERPRINT" "$keyrings/docker.asc"
     fi
     write_file "$ROOT/etc/apt/sources.list.d/docker.list" 0644 <<EOF
 # labs-k8s: containerd.io 2.x (Debian 12's containerd is 1.6; Kubernetes 1.36 needs 2.x)
@@ -285,10 +288,8 @@ EOF
     if ((WROTE)); then APT_FRESH=0; fi
 
     if [[ ! -s $keyrings/kubernetes-apt-keyring.asc ]]; then
-        tmp=$(fetch_key "https://pkgs.k8s.io/core:/stable:/v$K8S_MINOR_VERSION/deb/Release.key")
-        grep -q 'BEGIN PGP PUBLIC KEY BLOCK' "$tmp" || die "pkgs.k8s.io did not serve a PGP key"
-        install -m 0644 "$tmp" "$keyrings/kubernetes-apt-keyring.asc"
-        rm -f "$tmp"
+        install_verified_key "https://pkgs.k8s.io/core:/stable:/v$K8S_MINOR_VERSION/deb/Release.key" \
+            "$KUBERNETES_KEY_FINGERPRINT" "$keyrings/kubernetes-apt-keyring.asc"
     fi
     write_file "$ROOT/etc/apt/sources.list.d/kubernetes.list" 0644 <<EOF
 # labs-k8s: the community-owned Kubernetes packages, one repository per minor (v$K8S_MINOR_VERSION)
@@ -304,21 +305,23 @@ containerd_version() {
     fi
 }
 
+# containerd.io at exactly labs-k8s:kubernetes.containerdVersion, held: the runtime under every
+# pod changes only when the config says so, never as a side effect of an apt upgrade.
 install_containerd() {
-    local installed candidate
+    local current candidate installed
+    current=$(pkg_version containerd.io)
+    if [[ $current != "$CONTAINERD_VERSION"-* ]]; then
+        apt_update
+        candidate=$(apt-cache madison containerd.io | awk -v prefix="$CONTAINERD_VERSION-" 'index($3, prefix) == 1 {print $3; exit}')
+        [[ -n $candidate ]] ||
+            die "Docker's repository has no containerd.io $CONTAINERD_VERSION for this release/architecture (labs-k8s:kubernetes.containerdVersion; apt-cache madison containerd.io lists: $(apt-cache madison containerd.io | awk '{print $3}' | head -n 5 | tr '\n' ' '))"
+        log "installing containerd.io $candidate (found: ${current:-none}; labs-k8s:kubernetes.containerdVersion is $CONTAINERD_VERSION)"
+        "${APT_INSTALL[@]}" --allow-change-held-packages "containerd.io=$candidate"
+    fi
     installed=$(containerd_version)
     if [[ -z $installed ]] || version_lt "$installed" "$CONTAINERD_MIN_VERSION"; then
-        apt_update
-        candidate=$(apt-cache madison containerd.io | awk '$3 ~ /^2\./ {print $3; exit}')
-        [[ -n $candidate ]] || die "Docker's repository offers no containerd.io 2.x for this release/architecture"
-        log "installing containerd.io $candidate (found: ${installed:-none}; Kubernetes $K8S_VERSION needs >= $CONTAINERD_MIN_VERSION)"
-        "${APT_INSTALL[@]}" --allow-change-held-packages "containerd.io=$candidate"
-        installed=$(containerd_version)
-        if [[ -z $installed ]] || version_lt "$installed" "$CONTAINERD_MIN_VERSION"; then
-            die "containerd is ${installed:-missing} after installing containerd.io $candidate"
-        fi
+        die "containerd is ${installed:-missing} after installing containerd.io $CONTAINERD_VERSION; Kubernetes $K8S_VERSION needs >= $CONTAINERD_MIN_VERSION"
     fi
-    # Held: a minor jump of the runtime under a running node is a decision, not an upgrade side effect.
     hold_packages containerd.io
 }
 

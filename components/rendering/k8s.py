@@ -28,7 +28,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
-from components.config import LabConfig, Node, Role
+from components.config import CONTAINERD_2_FROM_MINOR, LabConfig, Node, Role
 from components.rendering import read_file, render_template
 
 # ------------------------------------------------------------------ entrypoints (module constants)
@@ -57,8 +57,6 @@ FLANNEL_MANIFEST_URL = f"https://github.com/flannel-io/flannel/releases/download
 
 API_PORT = 6443
 CRI_SOCKET = "unix:///run/containerd/containerd.sock"
-# Kubernetes 1.36 no longer supports containerd 1.x; older minors still accept 1.7.
-CONTAINERD_2_FROM_MINOR = 36
 
 # Bounded waits, in seconds.
 API_WAIT_SECONDS = 120
@@ -282,6 +280,7 @@ def prepare_files(cfg: LabConfig, node: Node) -> dict[str, str]:
             "K8S_VERSION": cfg.kubernetes.version,
             "K8S_MINOR_VERSION": cfg.kubernetes.minor_version,
             "CONTAINERD_MIN_VERSION": containerd_min_version(cfg),
+            "CONTAINERD_VERSION": cfg.kubernetes.containerd_version,
             "NTP_SERVERS": list(cfg.network.ntp_servers),
             "APT_PROXY": cfg.mirrors.apt_proxy or "",
             "REGISTRY_MIRROR": cfg.mirrors.registry_mirror or "",
