@@ -6,7 +6,7 @@ exist offline; these files carry clearly marked placeholders in their place (PLA
 
 from __future__ import annotations
 
-from components.config import LabConfig
+from components.config import LabConfig, Role
 from components.rendering import k8s, lb, node, read_file
 from components.rendering import template as template_rendering
 
@@ -20,6 +20,8 @@ PLACEHOLDERS = {
 # What `diff` shows as [secret]. The CA certificate hash is public: every joining node is given it.
 SECRET_PLACEHOLDERS = {what: value for what, value in PLACEHOLDERS.items() if what != "CA certificate hash"}
 TEMPLATE_FOLDER = "golden-template"
+# Steps that run on whichever control plane the VIP's SSH port reaches (components/cluster.py).
+CLUSTER_FOLDER = "cluster-endpoint"
 
 
 def host_artifacts(lab: LabConfig) -> dict[str, dict[str, str]]:
@@ -41,21 +43,23 @@ def host_artifacts(lab: LabConfig) -> dict[str, dict[str, str]]:
 
     for host in lab.kubernetes_nodes:
         out[host.name].update({f"steps/prepare/{k}": v for k, v in k8s.prepare_files(lab, host).items()})
-    first_files = out[first.name]
-    first_files.update({f"steps/kubeadm-init/{k}": v for k, v in k8s.init_files(lab, token, certificate_key).items()})
-    first_files.update(
-        {f"steps/refresh-join-material/{k}": v for k, v in k8s.refresh_files(lab, token, certificate_key).items()}
+    out[first.name].update(
+        {f"steps/kubeadm-init/{k}": v for k, v in k8s.init_files(lab, token, certificate_key).items()}
     )
-    first_files.update({f"steps/flannel/{k}": v for k, v in k8s.flannel_files(lab).items()})
-    first_files.update({f"steps/verify-cluster/{k}": v for k, v in k8s.verify_files(lab).items()})
-    first_files.update({f"steps/kubeconfig/{k}": v for k, v in k8s.kubeconfig_files(lab).items()})
-    for host in lab.control_planes[1:]:
-        files = k8s.control_plane_join_files(lab, host, token, certificate_key)
+    cluster: dict[str, str] = {}
+    out[CLUSTER_FOLDER] = cluster
+    cluster.update({f"steps/flannel/{k}": v for k, v in k8s.flannel_files(lab).items()})
+    cluster.update({f"steps/verify-cluster/{k}": v for k, v in k8s.verify_files(lab).items()})
+    cluster.update({f"steps/kubeconfig/{k}": v for k, v in k8s.kubeconfig_files(lab).items()})
+    cluster.update({f"steps/teardown-guard/{k}": v for k, v in k8s.teardown_guard_files().items()})
+    for host in lab.kubernetes_nodes:
+        refresh = k8s.refresh_files(lab, token, certificate_key, host)
+        cluster.update({f"steps/{host.name}-refresh-join-material/{k}": v for k, v in refresh.items()})
+        cluster.update({f"steps/{host.name}-leave-cluster/{k}": v for k, v in k8s.leave_files(host).items()})
+        if host.role is Role.CONTROL_PLANE:
+            files = k8s.control_plane_join_files(lab, host, token, certificate_key)
+        else:
+            files = k8s.worker_join_files(lab, host, token)
         out[host.name].update({f"steps/kubeadm-join/{k}": v for k, v in files.items()})
         out[host.name]["steps/kubeadm-join/ARGS"] = " ".join(k8s.join_args(ca_hash)) + "\n"
-    for host in lab.workers:
-        files = k8s.worker_join_files(lab, host, token)
-        out[host.name].update({f"steps/kubeadm-join/{k}": v for k, v in files.items()})
-        out[host.name]["steps/kubeadm-join/ARGS"] = " ".join(k8s.join_args(ca_hash)) + "\n"
-        first_files.update({f"steps/drain-{host.name}/{k}": v for k, v in k8s.drain_files(lab, host.name).items()})
     return out

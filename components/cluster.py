@@ -2,11 +2,23 @@
 
 Order (each arrow is a dependency in the graph, not a registration order):
   node ready -> prepare (every node, in parallel)
-  prepare m01 + both balancers -> init on m01
-  init -> refresh join material for m02 -> join m02 -> refresh for m03 -> join m03
-  init -> refresh for worker N -> join worker N   (workers in parallel)
-  init -> Flannel;   every join + Flannel -> verify
-A join never reads `kubeadm init` output: the CA hash comes from its own refresh step.
+  prepare m01 + both balancers -> init on m01 (creates the cluster once; a no-op when one exists)
+  init -> leave guard, refresh, join for m01 -> ... for m02 -> ... for m03   (one at a time)
+  init -> leave guard, refresh, join for worker N   (workers in parallel)
+  init -> Flannel;   every join + Flannel -> verify;   init -> kubeconfig
+Every control plane joins, the first included: on the first `up` its join finds it a member
+already; a VM that replaced it joins the running cluster instead of creating a second one.
+
+Cluster-wide steps (refresh, Flannel, verify, kubeconfig, the leave guards, the teardown guard)
+connect to the VIP's SSH port, which HAProxy forwards to the first healthy control plane: no
+single node is needed for them (docs/cluster.md, "No single management node").
+
+A node's leave guard sits between its VM and its join. Its create does nothing; its delete drains
+the node, deletes its Node object and, for a control plane, removes its etcd member. Its triggers
+are the VM's id, so it is deleted (its delete runs) before the VM goes: when the node leaves the
+config, and when the VM is replaced (the fleet replaces VMs delete-before-replace, and the engine
+deletes dependents whose inputs come from the VM first). A join never reads `kubeadm init` output:
+the CA hash comes from its own refresh step.
 """
 
 from __future__ import annotations
@@ -18,11 +30,13 @@ import pulumi_random as random
 from pulumi_command import remote
 
 from components import remote as steps
-from components.config import LabConfig, Node
-from components.rendering import STEP_ROOT
+from components.config import LabConfig, Node, Role
+from components.previous_state import PreviousState, renewal_due
 from components.rendering import k8s as k8s_rendering
 
-TEARDOWN_MARKER = "/var/lib/labs-k8s/teardown"
+# Joins that printed one of these finished; anything else (or no join in the last state) means a
+# join is pending, and its refresh must run again before it (the join material expires).
+JOIN_DONE = ("joined", "already-joined")
 
 
 class KubeadmCluster(pulumi.ComponentResource):
@@ -32,15 +46,18 @@ class KubeadmCluster(pulumi.ComponentResource):
         self,
         name: str,
         lab: LabConfig,
+        vms: dict[str, pulumi.CustomResource],
         ready: dict[str, pulumi.Resource],
         balancers_ready: Sequence[pulumi.Resource],
         private_key: pulumi.Input[str],
+        previous: PreviousState | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("labs-k8s:k8s:KubeadmCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self._lab = lab
         self._private_key = private_key
+        self._previous = previous or PreviousState(available=False)
 
         # Generated once per stack, kept in state as secrets. Token: [a-z0-9]{6}.[a-z0-9]{16}.
         token_id = random.RandomPassword("bootstrap-token-id", length=6, special=False, upper=False, opts=child)
@@ -55,7 +72,7 @@ class KubeadmCluster(pulumi.ComponentResource):
         )
         self.certificate_key = pulumi.Output.secret(certificate_key.hex)
 
-        first, *other_control_planes = lab.control_planes
+        first = lab.control_planes[0]
         self.first_control_plane = first
 
         self.prepared: dict[str, remote.Command] = {
@@ -81,87 +98,84 @@ class KubeadmCluster(pulumi.ComponentResource):
             handles_secrets=True,
         )
 
-        # Control planes join one at a time: two joins at once race on etcd membership.
+        # Control planes join one at a time (two joins at once race on etcd membership); their
+        # leave guards are chained the same way, so removing several removes their etcd members
+        # one after the other, last first.
+        self.leaves: dict[str, remote.Command] = {}
+        self.refreshes: dict[str, remote.Command] = {}
         self.joins: dict[str, remote.Command] = {}
-        previous: remote.Command = self.init
-        for node in other_control_planes:
-            refresh = self._refresh_for(node, after=previous)
-            previous = self._step(
-                f"{node.name}-kubeadm-join",
-                node,
-                files=lambda token, key, node=node: k8s_rendering.control_plane_join_files(lab, node, token, key),
-                entrypoint=k8s_rendering.CONTROL_PLANE_JOIN_ENTRYPOINT,
-                secrets=[self.token, self.certificate_key],
-                args=[refresh.stdout.apply(str.strip)],
-                depends_on=[self.prepared[node.name], refresh],
-                handles_secrets=True,
-            )
-            self.joins[node.name] = previous
+        previous_join: remote.Command = self.init
+        previous_leave: remote.Command | None = None
+        for node in lab.control_planes:
+            leave = self._leave_guard(node, vms[node.name], after=[self.init, *filter(None, [previous_leave])])
+            previous_leave = leave
+            previous_join = self._refresh_and_join(node, after=previous_join, leave=leave)
 
         # Workers join in parallel, each with freshly refreshed join material.
-        self.drains: list[remote.Command] = []
         for node in lab.workers:
-            refresh = self._refresh_for(node, after=self.init)
-            join = self._step(
-                f"{node.name}-kubeadm-join",
-                node,
-                files=lambda token, node=node: k8s_rendering.worker_join_files(lab, node, token),
-                entrypoint=k8s_rendering.WORKER_JOIN_ENTRYPOINT,
-                secrets=[self.token],
-                args=[refresh.stdout.apply(str.strip)],
-                depends_on=[self.prepared[node.name], refresh],
-                handles_secrets=True,
-            )
-            self.joins[node.name] = join
-            self.drains.append(self._drain_on_removal(node, join))
+            leave = self._leave_guard(node, vms[node.name], after=[self.init])
+            self._refresh_and_join(node, after=self.init, leave=leave)
 
-        self.flannel = self._step(
-            f"{first.name}-flannel",
-            first,
+        self.flannel = self._cluster_step(
+            "flannel",
             files=lambda: k8s_rendering.flannel_files(lab),
             entrypoint=k8s_rendering.FLANNEL_ENTRYPOINT,
             depends_on=[self.init],
         )
 
-        self.verify = self._step(
-            f"{first.name}-verify-cluster",
-            first,
+        self.verify = self._cluster_step(
+            "verify-cluster",
             files=lambda: k8s_rendering.verify_files(lab),
             entrypoint=k8s_rendering.VERIFY_ENTRYPOINT,
             depends_on=[*self.joins.values(), self.flannel],
             timeout="20m",
         )
 
-        kubeconfig_step = self._step(
-            f"{first.name}-kubeconfig",
-            first,
+        # The exported kubeconfig's client certificate lives a year: when the last export is within
+        # RENEW_BEFORE_DAYS of expiring, the step runs again (and renews before printing).
+        renew = renewal_due(
+            self._previous.stack_outputs.get("kubeconfigValidUntil"), k8s_rendering.KUBECONFIG_RENEW_BEFORE_DAYS
+        )
+        self.kubeconfig_step = self._cluster_step(
+            "kubeconfig",
             files=lambda: k8s_rendering.kubeconfig_files(lab),
             entrypoint=k8s_rendering.KUBECONFIG_ENTRYPOINT,
             depends_on=[self.init],
             handles_secrets=True,
+            extra_triggers=[self._previous.next_generation("kubeconfig", "kubeconfig-renewal", renew)],
         )
-        self.kubeconfig = pulumi.Output.secret(kubeconfig_step.stdout)
+        self.kubeconfig = pulumi.Output.secret(self.kubeconfig_step.stdout)
+        self.kubeconfig_valid_until = pulumi.Output.unsecret(
+            self.kubeconfig_step.stdout.apply(k8s_rendering.kubeconfig_valid_until)
+        )
 
-        # Deleted first on `pulumi destroy` (it depends on every drain step), it leaves a marker
-        # that makes the drain steps skip: a full teardown drains nothing and finishes.
-        # Bounded like every step: a gone m01 fails the destroy within minutes (docs/troubleshooting.md).
-        self.teardown_guard = steps.command(
+        # Deleted first on `pulumi destroy` (it depends on every leave guard): its delete marks the
+        # teardown in the cluster, so the leave guards drain and remove nothing. Never replaced (a
+        # replacement would run its delete during an ordinary `up`); a new script is an update.
+        # Bounded like every step: with no healthy control plane it fails within minutes.
+        self.teardown_guard = steps.run_step(
             "teardown-guard",
-            connection=steps.connection(lab, first, private_key),
-            create=f"sudo -n rm -f {TEARDOWN_MARKER}",
-            delete=f"sudo -n install -D -m 0644 /dev/null {TEARDOWN_MARKER}",
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                depends_on=[self.init, *self.drains],
-                custom_timeouts=pulumi.CustomTimeouts(create="5m", update="5m", delete="5m"),
-            ),
+            lab=lab,
+            node=None,
+            private_key=private_key,
+            files=lambda: k8s_rendering.teardown_guard_files(),
+            entrypoint=k8s_rendering.TEARDOWN_ENTRYPOINT,
+            parent=self,
+            depends_on=[self.init, *self.leaves.values()],
+            rerun_on_change=False,
+            create_args=("clear",),
+            delete_args=("set",),
+            triggers=[],
+            timeout="5m",
+            # If it is ever replaced, mark then clear (delete first), never clear then mark.
+            delete_before_replace=True,
         )
         self.register_outputs({"kubeconfig": self.kubeconfig})
 
     def _step(
         self,
         resource_name: str,
-        node: Node,
+        node: Node | None,
         *,
         files: object,
         entrypoint: str,
@@ -169,9 +183,8 @@ class KubeadmCluster(pulumi.ComponentResource):
         secrets: Sequence[pulumi.Input[str]] = (),
         args: Sequence[pulumi.Input[str]] = (),
         handles_secrets: bool = False,
-        delete: str | None = None,
         timeout: str = "30m",
-        rerun_on_change: bool = True,
+        extra_triggers: Sequence[pulumi.Input[str]] = (),
     ) -> remote.Command:
         return steps.run_step(
             resource_name,
@@ -185,41 +198,78 @@ class KubeadmCluster(pulumi.ComponentResource):
             parent=self,
             depends_on=depends_on,
             handles_secrets=handles_secrets,
-            delete=delete,
             timeout=timeout,
-            rerun_on_change=rerun_on_change,
+            extra_triggers=extra_triggers,
         )
 
-    def _refresh_for(self, joining: Node, after: pulumi.Resource) -> remote.Command:
-        """On the first control plane, right before `joining` joins: re-upload the control-plane
-        certificates (they expire 2 h after upload) and make sure the token exists (24 h TTL).
-        Prints the CA certificate hash, which the join takes as its discovery pin."""
+    def _cluster_step(self, step: str, **kwargs: object) -> remote.Command:
+        """A step on whichever control plane is healthy (through the VIP's SSH port)."""
+        return self._step(step, None, **kwargs)  # type: ignore[arg-type]
+
+    def _refresh_and_join(self, node: Node, after: pulumi.Resource, leave: remote.Command) -> remote.Command:
+        """Right before `node` joins: re-upload the control-plane certificates (2 h) and refresh
+        the token (24 h), then join with the CA hash the refresh printed. When the last `up` left
+        this node's join unfinished, the refresh runs again even though nothing else changed: a
+        join retried hours later needs fresh material (the `join-attempt:N` trigger)."""
         lab = self._lab
-        return self._step(
-            f"{joining.name}-refresh-join-material",
-            self.first_control_plane,
-            files=lambda token, key: k8s_rendering.refresh_files(lab, token, key),
+        join_name = f"{node.name}-kubeadm-join"
+        refresh_name = f"{node.name}-refresh-join-material"
+        pending = self._previous.stdout(join_name) not in JOIN_DONE
+        refresh = self._cluster_step(
+            refresh_name,
+            files=lambda token, key: k8s_rendering.refresh_files(lab, token, key, node),
             entrypoint=k8s_rendering.REFRESH_ENTRYPOINT,
             secrets=[self.token, self.certificate_key],
-            depends_on=[after],
+            depends_on=[after, self.prepared[node.name], leave],
             handles_secrets=True,
+            extra_triggers=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
         )
+        self.refreshes[node.name] = refresh
+        if node.role is Role.CONTROL_PLANE:
+            files = lambda token, key: k8s_rendering.control_plane_join_files(lab, node, token, key)  # noqa: E731
+            secrets = [self.token, self.certificate_key]
+            entrypoint = k8s_rendering.CONTROL_PLANE_JOIN_ENTRYPOINT
+        else:
+            files = lambda token: k8s_rendering.worker_join_files(lab, node, token)  # noqa: E731
+            secrets = [self.token]
+            entrypoint = k8s_rendering.WORKER_JOIN_ENTRYPOINT
+        join = steps.run_step(
+            join_name,
+            lab=lab,
+            node=node,
+            private_key=self._private_key,
+            files=files,
+            entrypoint=entrypoint,
+            secrets=secrets,
+            args=[refresh.stdout.apply(str.strip)],
+            parent=self,
+            depends_on=[self.prepared[node.name], refresh, leave],
+            # stdout ("joined") stays readable in the state: the next `up` tells a finished join by it.
+            handles_secrets=True,
+            plain_stdout=True,
+        )
+        self.joins[node.name] = join
+        return join
 
-    def _drain_on_removal(self, worker: Node, join: remote.Command) -> remote.Command:
-        """Installs the drain script on the first control plane; its delete drains `worker`.
-
-        Removing a worker from the config deletes this step first (it depends on the join,
-        which depends on the VM), so the node is drained and deleted before its VM goes.
-        """
-        lab = self._lab
-        step = f"{worker.name}-drain-on-removal"
-        script = f"{STEP_ROOT}/{step}/{k8s_rendering.DRAIN_ENTRYPOINT}"
-        return self._step(
-            step,
-            self.first_control_plane,
-            files=lambda: {**k8s_rendering.drain_files(lab, worker.name), "installed.sh": "true\n"},
-            entrypoint="installed.sh",
-            depends_on=[join],
-            delete=f"sudo -n bash {script} {worker.name}",
+    def _leave_guard(
+        self, node: Node, vm: pulumi.CustomResource, after: Sequence[pulumi.Resource]
+    ) -> remote.Command:
+        """The step whose delete makes `node` leave the cluster (leave-cluster.sh) before its VM
+        goes. Replaced only when the VM is (triggers: the VM's id), deleted before the new one is
+        created; its bundle carries the script, so the delete works on any control plane."""
+        step = steps.run_step(
+            f"{node.name}-leave-cluster",
+            lab=self._lab,
+            node=None,
+            private_key=self._private_key,
+            files=lambda: k8s_rendering.leave_files(node),
+            entrypoint=k8s_rendering.LEAVE_ENTRYPOINT,
+            parent=self,
+            depends_on=[vm, *after],
             rerun_on_change=False,
+            delete_args=(),
+            triggers=[vm.id],
+            delete_before_replace=True,
         )
+        self.leaves[node.name] = step
+        return step

@@ -12,12 +12,19 @@ import pulumi
 from components.cluster import KubeadmCluster
 from components.fleet import NodeFleet
 from components.loadbalancer import LoadBalancerPair
+from components.previous_state import PreviousState
 from components.stack_config import StackInputs
 from components.template import GoldenTemplate
 
 
 class Lab(pulumi.ComponentResource):
-    def __init__(self, name: str, inputs: StackInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        inputs: StackInputs,
+        previous: PreviousState | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
         super().__init__("labs-k8s:lab:Lab", name, None, opts)
         lab = inputs.lab
         child = pulumi.ResourceOptions(parent=self)
@@ -33,9 +40,11 @@ class Lab(pulumi.ComponentResource):
         self.cluster = KubeadmCluster(
             "cluster",
             lab,
+            self.fleet.vms,
             {node.name: self.fleet.ready[node.name] for node in lab.kubernetes_nodes},
             list(self.balancers.setups.values()),
             inputs.ssh_private_key,
+            previous,
             opts=child,
         )
         self.api_endpoint = self.balancers.endpoint

@@ -196,13 +196,19 @@ class LabMocks(pulumi.runtime.Mocks):
     """
 
     def __init__(
-        self, vip: str = "10.3.60.100", kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None
+        self,
+        vip: str = "10.3.60.100",
+        kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+        previous: Mapping[str, Any] | None = None,
     ) -> None:
         self.vip = vip
         self.calls: list[tuple[str, dict[str, Any]]] = []
         # (type, name) -> outputs: resources the engine would leave as they are (a "same" step
         # keeps the outputs in the state, whatever the new inputs), see components/changes.py.
         self.kept = dict(kept or {})
+        # What `pulumi:pulumi:readStackResourceOutputs` answers: {urn: {type, outputs}} of the
+        # stack's last checkpoint (OfflineRun.previous_state of an earlier run), empty for a new stack.
+        self.previous = dict(previous or {})
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         if (args.typ, args.name) in self.kept:
@@ -231,10 +237,13 @@ class LabMocks(pulumi.runtime.Mocks):
         return resource_id, outputs
 
     def _command_stdout(self, name: str) -> str:
+        if name.endswith("-kubeadm-join"):
+            return "joined"
         if "refresh-join" in name:
             return "sha256:" + _fake_hex(name, 64)
         if "kubeconfig" in name:
             return (
+                "# labs-k8s: client certificate valid until 2099-01-01T00:00:00Z\n"
                 "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: https://"
                 f"{self.vip}:6443\n  name: labs-k8s\n"
             )
@@ -242,6 +251,8 @@ class LabMocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]]]:
         self.calls.append((args.token, dict(args.args)))
+        if args.token == "pulumi:pulumi:readStackResourceOutputs":
+            return {"name": args.args.get("stackName", ""), "outputs": self.previous}, []
         name = str(args.args.get("name", ""))
         ids = {
             "vsphere:index/getDatacenter:getDatacenter": {"id": f"datacenter-{_fake_hex(name, 4)}"},
@@ -376,6 +387,17 @@ class OfflineRun:
     def parent_name(self, name: str) -> str:
         return _urn_name(self.by_name(name).parent)
 
+    def previous_state(self) -> dict[str, Any]:
+        """This run as the next run's `readStackResourceOutputs` sees it: every resource's state
+        (a Command's state holds its inputs too) and the stack's outputs."""
+        state: dict[str, Any] = {}
+        for urn, reg in self.registrations.items():
+            state[urn] = {"type": reg.type, "outputs": {**reg.plain_inputs, **_unwrap(rpc.deserialize_properties(
+                reg.wire_outputs))} if reg.custom else {}}
+        state[f"urn:pulumi:stack::{PROJECT}::pulumi:pulumi:Stack::{PROJECT}-stack"] = {
+            "type": "pulumi:pulumi:Stack", "outputs": dict(self.stack_outputs)}
+        return state
+
 
 def run_program(
     stack: str = "labs",
@@ -385,6 +407,7 @@ def run_program(
     monitor_sink: list[RecordingMonitor] | None = None,
     stack_file: str | None = None,
     kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+    previous: Mapping[str, Any] | None = None,
 ) -> OfflineRun:
     """Run `__main__.py` (or `program`) as the engine would, under mocks, and return what it registered.
 
@@ -394,14 +417,16 @@ def run_program(
     config, secret_keys = stack_config(stack, overrides, stack_file)
     vip = json.loads(config["labs-k8s:loadBalancer"]).get("vip", "10.3.60.100") if (
         "labs-k8s:loadBalancer" in config) else "10.3.60.100"
-    mocks = LabMocks(vip=str(vip), kept=kept)
+    mocks = LabMocks(vip=str(vip), kept=kept, previous=previous)
     monitor = RecordingMonitor(mocks)
     if monitor_sink is not None:
         monitor_sink.append(monitor)  # lets a caller see what was registered before a failure
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor)
+        # A self-managed backend's organization is "organization" (the engine passes it).
+        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor,
+                                 organization="organization")
         pulumi.runtime.set_all_config(config, secret_keys)
         # Outputs or RPCs left by earlier code in this process (another run, a test that made an
         # Output outside any engine) belong to another event loop: waiting for them would hang.

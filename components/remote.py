@@ -15,6 +15,7 @@ from pulumi_command import remote
 
 from components.config import LabConfig, Node
 from components.rendering import content_hash, step_bundle
+from components.rendering.lb import CONTROL_PLANE_SSH_PORT
 
 # pulumi-command dials up to `dialErrorLimit` times; each attempt is bounded by `perDialTimeout`
 # and followed by a back-off of 100 ms x1.5 per attempt, at most 5 s (pulumi-command 1.2.1
@@ -62,11 +63,29 @@ def command(resource_name: str, *, opts: pulumi.ResourceOptions, **args: Any) ->
     return remote.Command(resource_name, add_previous_output_in_env=False, opts=opts, **args)
 
 
+def cluster_connection(
+    lab: LabConfig, private_key: pulumi.Input[str], dial_attempts: int = STEP_DIAL_ATTEMPTS
+) -> remote.ConnectionArgs:
+    """SSH to whichever control plane is healthy: the VIP's CONTROL_PLANE_SSH_PORT, which HAProxy
+    forwards to port 22 of the first control plane (config order) whose apiserver passes its
+    health check. Cluster-wide steps use it, so no single control plane is needed for them.
+    pulumi-command does not pin host keys (ssh.InsecureIgnoreHostKey), so landing on another
+    control plane than last time is not an error."""
+    return remote.ConnectionArgs(
+        host=str(lab.load_balancer.vip),
+        port=CONTROL_PLANE_SSH_PORT,
+        user=lab.ssh.user,
+        private_key=private_key,
+        dial_error_limit=dial_attempts,
+        per_dial_timeout=PER_DIAL_TIMEOUT_SECONDS,
+    )
+
+
 def run_step(
     resource_name: str,
     *,
     lab: LabConfig,
-    node: Node,
+    node: Node | None,
     private_key: pulumi.Input[str],
     files: Callable[..., dict[str, str]],
     entrypoint: str,
@@ -79,6 +98,12 @@ def run_step(
     timeout: str = "30m",
     rerun_on_change: bool = True,
     dial_attempts: int = STEP_DIAL_ATTEMPTS,
+    create_args: Sequence[str] = (),
+    delete_args: Sequence[str] | None = None,
+    triggers: Sequence[pulumi.Input[Any]] | None = None,
+    extra_triggers: Sequence[pulumi.Input[Any]] = (),
+    delete_before_replace: bool = False,
+    plain_stdout: bool = False,
 ) -> remote.Command:
     """Register one remote step.
 
@@ -88,8 +113,15 @@ def run_step(
     A step that handles secrets also has its stdout/stderr secret and its logging off
     (pulumi/pulumi-command#134, #260).
 
-    `rerun_on_change=False` is for steps whose delete does real work (draining a node):
-    replacing them would run that delete against a live node, so they are never replaced.
+    `node=None` runs the step on whichever control plane is healthy (cluster_connection).
+
+    `rerun_on_change=False` is for steps whose delete does real work (a node leaving the
+    cluster): the bundle (stdin) is then updated in place, never a reason to replace, and the
+    create is the no-op `create_args` run; `triggers` says exactly what replaces such a step
+    (its node's VM). `delete_args` makes the delete run the bundle too, with those arguments:
+    the delete carries its own script, so it works on whichever control plane it lands on.
+    `extra_triggers` are re-run reasons beyond content and upstream ids. `plain_stdout` keeps a
+    secret-handling step's stdout (a status word) readable in the state; stderr stays secret.
     """
     step_name = resource_name
 
@@ -111,22 +143,39 @@ def run_step(
         stdin_hash = stdin.apply(content_hash)
     # The identities of upstream steps and VMs are part of the trigger: a replaced VM re-runs
     # every step after it, in order (each step is guarded, so re-running a done step is a no-op).
-    upstream_ids = [r.id for r in depends_on if isinstance(r, pulumi.CustomResource)] if rerun_on_change else []
+    if triggers is None:
+        upstream_ids = [r.id for r in depends_on if isinstance(r, pulumi.CustomResource)] if rerun_on_change else []
+        triggers = [stdin_hash, *upstream_ids, *extra_triggers] if rerun_on_change else []
     options = pulumi.ResourceOptions(
         parent=parent,
         depends_on=list(depends_on),
         custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout, delete=DELETE_TIMEOUT),
-        additional_secret_outputs=["stdout", "stderr"] if handles_secrets else None,
-        # pulumi-command replaces a Command when its triggers change (schema: triggers[*]).
-        ignore_changes=None if rerun_on_change else ["stdin", "triggers"],
+        additional_secret_outputs=(["stderr"] if plain_stdout else ["stdout", "stderr"]) if handles_secrets else None,
+        # pulumi-command replaces a Command when its triggers change (schema: triggers[*]); a step
+        # that is not re-run on change takes a new bundle as an in-place update of its stdin.
+        replace_on_changes=["triggers"],
+        delete_before_replace=delete_before_replace,
+        # A step whose delete does real work keeps the connection it was created with: pulumi-command
+        # replaces a Command whose connection changes (an SSH key rotation), and that replacement
+        # would run the delete (drain a node, remove an etcd member) during an ordinary `up`.
+        ignore_changes=None if rerun_on_change else ["connection"],
     )
+    create = RUN_STEP if rerun_on_change else "true"
+    if create_args:
+        create = f"{RUN_STEP} -- {' '.join(create_args)}"
+    if delete_args is not None:
+        delete = f"{RUN_STEP} -- {' '.join(delete_args)}" if delete_args else RUN_STEP
+    if node is None:
+        target = cluster_connection(lab, private_key, dial_attempts)
+    else:
+        target = connection(lab, node, private_key, dial_attempts)
     return command(
         resource_name,
-        connection=connection(lab, node, private_key, dial_attempts),
-        create=RUN_STEP,
+        connection=target,
+        create=create,
         stdin=stdin,
         delete=delete,
-        triggers=[stdin_hash, *upstream_ids],
+        triggers=list(triggers),
         logging=remote.Logging.NONE if handles_secrets else remote.Logging.STDOUT_AND_STDERR,
         opts=options,
     )

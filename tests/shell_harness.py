@@ -10,19 +10,28 @@ with lib.sh and params.env beside it) but with:
   list of harmless real tools (coreutils, sed, awk, grep, openssl, jq). A command on
   neither list is simply not found, so a script can never reach the real system.
 
-Every stand-in appends its invocation to a log that the tests read back. Their behaviour is
-driven by files in a state directory (installed packages, healthy API endpoints, disks,
-tokens, canned kubectl output), so a test sets up a situation by writing files, runs the
-script, then asserts on the invocations and on the files under the fake root.
+Every stand-in appends its invocation to a log that the tests read back. The machine-level
+ones (apt, systemctl, disks) are driven by files in a per-node state directory. The cluster-level
+ones (kubeadm, kubectl, etcdctl via kubectl/crictl exec, crictl, arping, curl to the API) are one
+model of a cluster shared by every node of a scenario (tests/kube_standin.py: kubeadm's real
+phase order, what each phase leaves on disk, TTLs, etcd membership). A test sets up a situation,
+runs the real scripts on one node or several (ClusterLab), then asserts on the invocations and on
+what is on disk and in the cluster.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
+
+STANDIN = Path(__file__).with_name("kube_standin.py")
 
 TEST_TOKEN = "abcdef.0123456789abcdef"
 TEST_CERTIFICATE_KEY = "0f" * 32
@@ -33,7 +42,10 @@ SAFE_TOOLS = (
     "bash", "cat", "grep", "sed", "awk", "install", "mkdir", "mktemp", "cmp", "cp", "mv", "rm",
     "chmod", "date", "tr", "cut", "sort", "uniq", "head", "tail", "wc", "printf", "env", "dirname",
     "basename", "tee", "touch", "ln", "readlink", "stat", "ls", "timeout", "openssl", "jq", "sha256sum",
+    "base64",
 )  # fmt: skip
+
+_MODEL = 'exec "$HARNESS_PYTHON" "$HARNESS_STANDIN" {name} "$@"'
 
 _PRELUDE = r"""#!/bin/bash
 # stand-in for {name} (tests/shell_harness.py)
@@ -65,7 +77,10 @@ case $(cat "${*: -1}") in
     *kubernetes*) echo "fpr:::::::::DE15B14486CD377B9E876E1A234654DA9A296436:" ;;
 esac
 """,
-    "ip": '[[ -f $STATE/flannel-up ]]',
+    "ip": r"""
+if [[ $* == "-o route get "* ]]; then echo "${*: -1} dev ens192 src $HARNESS_NODE_IP uid 0"; exit 0; fi
+[[ -f $STATE/flannel-up ]]
+""",
     "systemctl": r"""
 mkdir -p "$STATE/systemd"
 verb=$1; shift
@@ -126,16 +141,18 @@ esac
 """,
     "curl": r"""
 out=""; url=""
+for arg in "$@"; do case $arg in http*) url=$arg ;; esac; done
+case $url in
+    https://*:6443/*) exec "$HARNESS_PYTHON" "$HARNESS_STANDIN" curl "$@" ;;
+esac
 while (($#)); do
-    case $1 in -o) out=$2; shift ;; http*) url=$1 ;; esac
+    case $1 in -o) out=$2; shift ;; esac
     shift
 done
 case $url in
     */gpg|*/Release.key) repo=kubernetes; [[ $url == */gpg ]] && repo=docker
         block="PGP PUBLIC KEY BLOCK-----"
         printf -- '-----BEGIN %s\nfake %s\n-----END %s\n' "$block" "$repo" "$block" >"$out" ;;
-    https://*:6443/*) host=${url#https://}; host=${host%%:*}
-        if [[ -f $STATE/api/$host ]]; then echo ok; else exit 7; fi ;;
     *) exit 6 ;;
 esac
 """,
@@ -148,65 +165,11 @@ case $1 in
         else cat "$ROOT/etc/containerd/config.toml"; fi ;;
 esac
 """,
-    "kubeadm": r"""
-config=""; prev=""
-for a in "$@"; do [[ $prev == --config ]] && config=$a; prev=$a; done
-case "$1 ${2:-}" in
-    "config images")
-        printf '%s\n' registry.k8s.io/kube-apiserver:v1.36.0 registry.k8s.io/coredns/coredns:v1.13.1 \
-            registry.k8s.io/pause:3.10.1 registry.k8s.io/etcd:3.6.6-0 ;;
-    "init phase") exit "$(cat "$STATE/upload-certs-exit" 2>/dev/null || echo 0)" ;;
-    "token list") cat "$STATE/tokens" 2>/dev/null || true ;;
-    "token create")
-        token=$(sed -n 's/^ *- token: "\(.*\)"$/\1/p' "$config")
-        # Like the real one: create, or update the existing Secret of that token ID in place.
-        if [[ -f $STATE/tokens ]]; then
-            grep -v "^${token%%.*}\." "$STATE/tokens" >"$STATE/tokens.new" || true
-            mv "$STATE/tokens.new" "$STATE/tokens"
-        fi
-        printf '%s   23h   %s   authentication,signing   labs-k8s   system:bootstrappers:kubeadm:default-node-token\n' \
-            "$token" "$(date -u -d '+23 hours' +%Y-%m-%dT%H:%M:%SZ)" >>"$STATE/tokens"
-        echo "$token" ;;
-    init\ *)
-        # Like the real one, it would print the join secrets: the script must keep them out of its output.
-        token=$(sed -n 's/^ *- token: "\(.*\)"$/\1/p' "$config")
-        key=$(sed -n 's/^certificateKey: "\(.*\)"$/\1/p' "$config")
-        echo "kubeadm join 10.3.60.100:6443 --token $token --certificate-key $key"
-        if [[ -f $STATE/init-fails ]]; then echo "error execution phase wait-control-plane" >&2; exit 1; fi
-        mkdir -p "$ROOT/etc/kubernetes"
-        printf 'apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: AAAA\n    server: %s\n' \
-            "$(cat "$STATE/admin-server")" >"$ROOT/etc/kubernetes/admin.conf" ;;
-    join\ *)
-        if [[ -f $STATE/join-fails ]]; then exit 1; fi
-        mkdir -p "$ROOT/etc/kubernetes"
-        echo "kubelet" >"$ROOT/etc/kubernetes/kubelet.conf"
-        if grep -q '^controlPlane:' "$config"; then echo "admin" >"$ROOT/etc/kubernetes/admin.conf"; fi ;;
-esac
-""",
-    "kubectl": r"""
-args=" $* "
-k=$STATE/kubectl
-case $args in
-    *" get node "*" --ignore-not-found "*)
-        [[ -f $k/unreachable ]] && { echo "The connection to the server was refused" >&2; exit 1; }
-        for a in "$@"; do [[ -f $k/nodes.d/$a ]] && echo "node/$a"; done; exit 0 ;;
-    *" drain "*)
-        if [[ $args == *--disable-eviction* ]]; then exit "$(cat "$k/drain-force-exit" 2>/dev/null || echo 0)"; fi
-        exit "$(cat "$k/drain-exit" 2>/dev/null || echo 0)" ;;
-    *" delete node "*) for a in "$@"; do rm -f "$k/nodes.d/$a"; done ;;
-    *" get nodes "*) cat "$k/nodes" ;;
-    *" get pods "*) cat "$k/pods" ;;
-    *" get deployment coredns "*) cat "$k/coredns" ;;
-    *" get pod etcd-"*)
-        for a in "$@"; do [[ $a == etcd-* ]] && grep -q "^$a=Running$" "$k/pods" && echo Running; done
-        exit 0 ;;
-    *" endpoint status "*) cat "$k/etcd-status" ;;
-    *" endpoint health "*) cat "$k/etcd-health"; exit "$(cat "$k/etcd-health-exit" 2>/dev/null || echo 0)" ;;
-    *" apply "*) exit 0 ;;
-    *" rollout status "*) exit "$(cat "$k/rollout-exit" 2>/dev/null || echo 0)" ;;
-    *" get daemonset,pods "*) echo "kube-flannel-ds-abcde   0/1   CrashLoopBackOff" ;;
-esac
-""",
+    # The cluster: one model shared by every node of a scenario (tests/kube_standin.py).
+    "kubeadm": _MODEL.format(name="kubeadm"),
+    "kubectl": _MODEL.format(name="kubectl"),
+    "crictl": _MODEL.format(name="crictl"),
+    "arping": _MODEL.format(name="arping"),
     # Disks: $STATE/disks holds `lsblk -dbnpo NAME,TYPE,SIZE,RM` lines; $STATE/fs/<name>.* what is on them.
     "lsblk": r"""
 if [[ $* == "-dbnpo NAME,TYPE,SIZE,RM" ]]; then cat "$STATE/disks" 2>/dev/null || true; exit 0; fi
@@ -249,10 +212,19 @@ case $* in *UUID*) echo "${record%% *}" ;; *FSTYPE*) echo "${record##* }" ;; esa
 
 
 class ShellHarness:
-    """One fake node: a root prefix, a state directory, stand-ins on PATH and a call log."""
+    """One fake node: a root prefix, a state directory, stand-ins on PATH and a call log.
 
-    def __init__(self, tmp_path: Path) -> None:
+    Nodes made by one ClusterLab share its cluster model; a lone ShellHarness has a cluster of
+    its own with this node in it.
+    """
+
+    def __init__(self, tmp_path: Path, node: str = "labs-k8s-m01", ip: str = "10.3.60.51",
+                 cluster: Path | None = None) -> None:
         self.base = tmp_path
+        self.node = node
+        self.ip = ip
+        self.cluster = cluster or tmp_path / "cluster"
+        self.cluster.mkdir(parents=True, exist_ok=True)
         self.root = tmp_path / "root"
         self.state = tmp_path / "state"
         self.bin = tmp_path / "bin"
@@ -312,6 +284,11 @@ class ShellHarness:
             "HOME": str(self.base / "home"),
             "LC_ALL": "C",
             "TZ": "UTC",
+            "HARNESS_CLUSTER": str(self.cluster),
+            "HARNESS_NODE": self.node,
+            "HARNESS_NODE_IP": self.ip,
+            "HARNESS_PYTHON": sys.executable,
+            "HARNESS_STANDIN": str(STANDIN),
         }
         bash = shutil.which("bash") or "/bin/bash"
         return subprocess.run(
@@ -348,6 +325,89 @@ class ShellHarness:
             for path in sorted(self.root.rglob("*"))
             if path.is_file()
         }
+
+
+class ClusterLab:
+    """Several fake nodes over one modelled cluster (kube_standin.py), with the balancers' VIP.
+
+    `edit()` opens the model's state for a test to arrange a situation: time passing, a host
+    down, kubeadm told to die after a phase, which balancers hold the VIP.
+    """
+
+    def __init__(self, tmp_path: Path, vip: str = "10.3.60.100") -> None:
+        self.base = tmp_path
+        self.dir = tmp_path / "cluster"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.nodes: dict[str, ShellHarness] = {}
+        sys.path.insert(0, str(STANDIN.parent))
+        with self.edit() as state:
+            state["vip"] = vip
+
+    @contextlib.contextmanager
+    def edit(self) -> Iterator[dict[str, Any]]:
+        from kube_standin import Cluster  # type: ignore[import-not-found]  # tests/ on sys.path above
+
+        with Cluster(self.dir).locked() as cluster:
+            yield cluster.s
+
+    def state(self) -> dict[str, Any]:
+        with self.edit() as state:
+            return json.loads(json.dumps(state))
+
+    def add_node(self, name: str, ip: str, role: str) -> ShellHarness:
+        harness = ShellHarness(self.base / name, node=name, ip=ip, cluster=self.dir)
+        self.nodes[name] = harness
+        with self.edit() as state:
+            state["hosts"][name] = {"ip": ip, "role": role, "root": str(harness.root), "up": True, "kubelet": False}
+        return harness
+
+    def add_balancer(self, name: str, mac: str, holds_vip: bool) -> None:
+        with self.edit() as state:
+            state["balancers"][name] = {"mac": mac, "holds_vip": holds_vip, "haproxy": True}
+
+    def replace_vm(self, name: str) -> ShellHarness:
+        """A new VM under the same name and address: an empty disk, nothing running."""
+        old = self.nodes[name]
+        with self.edit() as state:
+            role = state["hosts"][name]["role"]
+        fresh = ShellHarness(self.base / f"{name}-replaced-{len(list(self.base.glob(name + '-replaced-*')))}",
+                             node=name, ip=old.ip, cluster=self.dir)
+        self.nodes[name] = fresh
+        with self.edit() as state:
+            state["hosts"][name] = {"ip": old.ip, "role": role, "root": str(fresh.root), "up": True, "kubelet": False}
+        return fresh
+
+    def advance(self, hours: float) -> None:
+        with self.edit() as state:
+            state["now"] += hours * 3600
+
+    def die_after(self, node: str, workflow: str, phase: str) -> None:
+        with self.edit() as state:
+            state["die"].setdefault(node, {})[workflow] = phase
+
+    def set_up(self, node: str, up: bool) -> None:
+        with self.edit() as state:
+            state["hosts"][node]["up"] = up
+
+    def healthy_control_planes(self) -> list[str]:
+        """What HAProxy's `balance first` on the cluster SSH port picks from: control planes in
+        config order whose API server answers."""
+        from kube_standin import Cluster
+
+        with Cluster(self.dir).locked() as cluster:
+            return [n for n in cluster.control_plane_hosts() if cluster.apiserver_running(n)]
+
+    def cluster_node(self) -> ShellHarness:
+        """The node a cluster-wide step lands on through the VIP (the first healthy control plane)."""
+        healthy = self.healthy_control_planes()
+        assert healthy, "no control plane is healthy: a cluster-wide step could not connect"
+        return self.nodes[healthy[0]]
+
+    def members(self) -> list[dict[str, Any]]:
+        return self.state()["members"]
+
+    def objects(self) -> dict[str, Any]:
+        return self.state()["objects"]
 
 
 def modes(path: Path) -> int:

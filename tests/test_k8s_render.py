@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import yaml
 
-from components.config import Role
 from components.rendering import k8s, step_bundle
 from tests.labs import make_lab_config
 from tests.requirements import require_tool
@@ -362,8 +361,11 @@ def test_worker_join_has_no_control_plane_and_no_certificate_key() -> None:
 
 def test_join_renders_refuse_the_wrong_node() -> None:
     cfg = make_lab_config()
-    with pytest.raises(ValueError, match="first control plane"):
+    # The first control plane joins too (a VM that replaced it): its JoinConfiguration is its own.
+    first = check_documents(
         k8s.render_control_plane_join_config(cfg, cfg.control_planes[0], TEST_TOKEN, TEST_CERTIFICATE_KEY)
+    )["JoinConfiguration"]
+    assert first["controlPlane"]["localAPIEndpoint"]["advertiseAddress"] == "10.3.60.51"
     with pytest.raises(ValueError, match="control-plane"):
         k8s.render_control_plane_join_config(cfg, cfg.workers[0], TEST_TOKEN, TEST_CERTIFICATE_KEY)
     with pytest.raises(ValueError, match="worker"):
@@ -446,7 +448,12 @@ def all_file_maps() -> dict[str, tuple[dict[str, str], str]]:
         "prepare-cp": (k8s.prepare_files(cfg, cfg.control_planes[1]), k8s.PREPARE_ENTRYPOINT),
         "prepare-worker": (k8s.prepare_files(cfg, cfg.workers[0]), k8s.PREPARE_ENTRYPOINT),
         "init": (k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY), k8s.INIT_ENTRYPOINT),
-        "refresh": (k8s.refresh_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY), k8s.REFRESH_ENTRYPOINT),
+        "refresh": (k8s.refresh_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, cfg.control_planes[1]),
+                    k8s.REFRESH_ENTRYPOINT),
+        "join-first-cp": (
+            k8s.control_plane_join_files(cfg, cfg.control_planes[0], TEST_TOKEN, TEST_CERTIFICATE_KEY),
+            k8s.CONTROL_PLANE_JOIN_ENTRYPOINT,
+        ),
         "join-cp": (
             k8s.control_plane_join_files(cfg, cfg.control_planes[1], TEST_TOKEN, TEST_CERTIFICATE_KEY),
             k8s.CONTROL_PLANE_JOIN_ENTRYPOINT,
@@ -454,7 +461,9 @@ def all_file_maps() -> dict[str, tuple[dict[str, str], str]]:
         "join-worker": (k8s.worker_join_files(cfg, cfg.workers[0], TEST_TOKEN), k8s.WORKER_JOIN_ENTRYPOINT),
         "flannel": (k8s.flannel_files(cfg), k8s.FLANNEL_ENTRYPOINT),
         "verify": (k8s.verify_files(cfg), k8s.VERIFY_ENTRYPOINT),
-        "drain": (k8s.drain_files(cfg, "labs-k8s-w02"), k8s.DRAIN_ENTRYPOINT),
+        "leave-worker": (k8s.leave_files(cfg.workers[1]), k8s.LEAVE_ENTRYPOINT),
+        "leave-cp": (k8s.leave_files(cfg.control_planes[2]), k8s.LEAVE_ENTRYPOINT),
+        "teardown-guard": (k8s.teardown_guard_files(), k8s.TEARDOWN_ENTRYPOINT),
         "kubeconfig": (k8s.kubeconfig_files(cfg), k8s.KUBECONFIG_ENTRYPOINT),
     }
 
@@ -464,7 +473,7 @@ def test_each_file_map_bundles_with_its_entrypoint_and_keeps_secrets_in_kubeadm_
     files, entrypoint = all_file_maps()[step]
     assert {entrypoint, k8s.LIB_FILE, k8s.PARAMS_FILE} <= set(files)
     bundle = step_bundle(f"k8s-{step}", files, entrypoint)
-    assert bundle.endswith(f"exec bash ./{entrypoint}\n")
+    assert bundle.endswith(f'exec bash ./{entrypoint} "$@"\n')
     for name, text in files.items():
         if name in (k8s.INIT_CONFIG_FILE, k8s.JOIN_CONFIG_FILE):
             continue
@@ -480,6 +489,7 @@ def test_secrets_sit_in_the_kubeadm_files_only_where_needed() -> None:
     assert TEST_CERTIFICATE_KEY in maps["join-cp"][0][k8s.JOIN_CONFIG_FILE]
     assert TEST_CERTIFICATE_KEY not in maps["join-worker"][0][k8s.JOIN_CONFIG_FILE]
     assert "TOKEN_ID=abcdef\n" in maps["refresh"][0][k8s.PARAMS_FILE]
+    assert "TOKEN_ID=abcdef\n" in maps["init"][0][k8s.PARAMS_FILE]
 
 
 def sourced(params: str) -> dict[str, str]:
@@ -532,17 +542,30 @@ def test_older_minors_accept_containerd_1_7() -> None:
     assert params["CONTAINERD_MIN_VERSION"] == "1.7"
 
 
-def test_drain_and_prepare_refuse_what_they_do_not_handle() -> None:
+def test_leave_refresh_and_prepare_refuse_what_they_do_not_handle() -> None:
     cfg = make_lab_config()
-    with pytest.raises(ValueError, match="control plane"):
-        k8s.drain_files(cfg, "labs-k8s-m02")
+    with pytest.raises(ValueError, match="only Kubernetes nodes leave"):
+        k8s.leave_files(cfg.balancers[0])
     with pytest.raises(ValueError, match="not a node name"):
-        k8s.drain_files(cfg, "bad name; rm -rf /")
+        k8s.leave_files(replace(cfg.workers[0], name="bad name; rm -rf /"))
+    with pytest.raises(ValueError, match="only Kubernetes nodes join"):
+        k8s.refresh_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, cfg.balancers[0])
     with pytest.raises(ValueError, match="balancer"):
         k8s.prepare_files(cfg, cfg.balancers[0])
-    # A worker already removed from the config can still be drained by name.
-    assert "DRAIN_NODE=labs-k8s-w09\n" in k8s.drain_files(cfg, "labs-k8s-w09")[k8s.PARAMS_FILE]
-    assert all(node.role is Role.WORKER for node in cfg.workers)
+    # A node already removed from the config leaves by its own name, address and role.
+    params = sourced(k8s.leave_files(cfg.control_planes[2])[k8s.PARAMS_FILE])
+    assert (params["LEAVING_NODE"], params["LEAVING_IP"], params["LEAVING_ROLE"]) == (
+        "labs-k8s-m03", "10.3.60.53", "control-plane")
+    refresh = sourced(k8s.refresh_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, cfg.workers[0])[k8s.PARAMS_FILE])
+    assert (refresh["JOINING_NODE"], refresh["JOINING_ROLE"]) == ("labs-k8s-w01", "worker")
+    init = sourced(k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY)[k8s.PARAMS_FILE])
+    assert init["BALANCER_STEPS"] == "labs-k8s-lb01-lb-setup labs-k8s-lb02-lb-setup"
+
+
+def test_the_kubeconfig_validity_line_is_read_back() -> None:
+    line = "# labs-k8s: client certificate valid until 2027-05-01T10:00:00Z\n"
+    assert k8s.kubeconfig_valid_until(line + "apiVersion: v1\n") == "2027-05-01T10:00:00Z"
+    assert k8s.kubeconfig_valid_until("apiVersion: v1\n") is None
 
 
 def test_rendering_is_deterministic() -> None:

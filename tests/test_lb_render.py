@@ -197,6 +197,15 @@ def test_haproxy_is_l4_passthrough_with_https_health_checks(variant: LabConfig) 
     monitor = _section(text, "frontend haproxy-monitor")
     assert f"bind 127.0.0.1:{lb.MONITOR_PORT}" in monitor and f"monitor-uri {lb.MONITOR_URI}" in monitor
 
+    # The cluster-wide steps' SSH: the first control plane whose apiserver is healthy.
+    ssh = _section(text, "listen control-plane-ssh")
+    assert re.search(rf"^\s+bind {re.escape(str(vip))}:{lb.CONTROL_PLANE_SSH_PORT}$", ssh, re.MULTILINE)
+    assert "balance first" in ssh and "http-check send meth GET uri /healthz" in ssh
+    assert re.search(r"default-server check port 6443 check-ssl verify none inter 2s fall 3 rise 2$", ssh, re.MULTILINE)
+    assert "shutdown-sessions" not in ssh
+    assert re.findall(r"^\s+server (\S+) (\S+)$", ssh, re.MULTILINE) == [(n.name, f"{n.ip}:22")
+                                                                    for n in variant.control_planes]
+
 
 def test_keepalived_pair(labs: LabConfig) -> None:
     lb01, lb02 = labs.balancers

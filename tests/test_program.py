@@ -7,6 +7,7 @@ in which resources happened to be registered.
 from __future__ import annotations
 
 import base64
+import itertools
 import re
 
 import pulumi
@@ -37,8 +38,16 @@ NODES = {
 }
 
 
+CLUSTER_ENDPOINT = ("10.3.60.100", 2222)  # the VIP's SSH port: the first healthy control plane
+
+
 def host_of(reg) -> str:
     return reg.plain_inputs["connection"]["host"]
+
+
+def endpoint_of(reg) -> tuple[str, int]:
+    connection = reg.plain_inputs["connection"]
+    return connection["host"], int(connection.get("port", 22))
 
 
 # --------------------------------------------------------------------------- structure
@@ -249,11 +258,14 @@ def test_adding_a_worker_leaves_the_others_untouched(offline_run, run_with, lab_
         for reg in offline_run.registrations.values()
         if reg.custom and reg.plain_inputs != grown.by_name(reg.name).plain_inputs
     }
-    assert changed == {"labs-k8s-m01-verify-cluster", "workers-anti-affinity"}
+    assert changed == {"verify-cluster", "workers-anti-affinity"}
+    # The teardown guard only gains a dependency (on the new leave guard): its inputs are the same.
+    guard = offline_run.by_name("teardown-guard")
+    assert guard.plain_inputs["triggers"] == grown.by_name("teardown-guard").plain_inputs["triggers"] == []
     new = {r.name for r in grown.registrations.values()} - {r.name for r in offline_run.registrations.values()}
     assert new == {
         "labs-k8s-w03", "labs-k8s-w03-ready", "labs-k8s-w03-prepare", "labs-k8s-w03-refresh-join-material",
-        "labs-k8s-w03-kubeadm-join", "labs-k8s-w03-drain-on-removal", "labs-k8s-w03-clone-source",
+        "labs-k8s-w03-kubeadm-join", "labs-k8s-w03-leave-cluster", "labs-k8s-w03-clone-source",
         "labs-k8s-w03-node-settings",
     }
 
@@ -298,7 +310,10 @@ def test_every_command_on_a_vm_depends_on_that_vms_readiness(offline_run):
             ready_by_host[host_of(reg)] = reg.name
     assert len(ready_by_host) == 7
     for reg in offline_run.of_type(COMMAND):
-        if not reg.name.endswith("-ready"):
+        if endpoint_of(reg) == CLUSTER_ENDPOINT:
+            # Cluster-wide: reached through the VIP once the cluster exists.
+            assert offline_run.depends_on(reg.name, "labs-k8s-m01-kubeadm-init"), reg.name
+        elif not reg.name.endswith("-ready"):
             assert offline_run.depends_on(reg.name, ready_by_host[host_of(reg)]), reg.name
 
 
@@ -313,7 +328,7 @@ def test_commands_connect_to_static_ips_with_bounded_dials(offline_run):
     """No unlimited dial retries: a host that never answers fails a step within minutes."""
     for reg in offline_run.of_type(COMMAND):
         connection = reg.plain_inputs["connection"]
-        assert connection["host"] in NODES.values()
+        assert connection["host"] in NODES.values() or endpoint_of(reg) == CLUSTER_ENDPOINT
         assert connection["user"] == "labs"
         assert "connection" in reg.secret_input_keys  # the private key is inside
         attempts, per_dial = connection["dialErrorLimit"], connection["perDialTimeout"]
@@ -380,14 +395,22 @@ def test_init_depends_on_balancers_and_m01_preparation(offline_run):
         assert offline_run.depends_on(init, dependency)
 
 
-def test_control_plane_joins_are_serialized(offline_run):
-    assert offline_run.depends_on("labs-k8s-m02-kubeadm-join", "labs-k8s-m01-kubeadm-init")
-    assert offline_run.depends_on("labs-k8s-m03-kubeadm-join", "labs-k8s-m02-kubeadm-join")
-    assert offline_run.depends_on("labs-k8s-m03-kubeadm-join", "labs-k8s-m03-prepare")
+def test_control_plane_joins_are_serialized_and_the_first_control_plane_joins_too(offline_run):
+    chain = ["labs-k8s-m01-kubeadm-init", "labs-k8s-m01-refresh-join-material", "labs-k8s-m01-kubeadm-join",
+             "labs-k8s-m02-refresh-join-material", "labs-k8s-m02-kubeadm-join",
+             "labs-k8s-m03-refresh-join-material", "labs-k8s-m03-kubeadm-join"]
+    for earlier, later in itertools.pairwise(chain):
+        assert offline_run.depends_on(later, earlier), (later, earlier)
     assert not offline_run.depends_on("labs-k8s-m02-kubeadm-join", "labs-k8s-m03-kubeadm-join")
-    # Fresh join material right before each join, from its own refresh step on m01.
-    assert offline_run.depends_on("labs-k8s-m03-refresh-join-material", "labs-k8s-m02-kubeadm-join")
-    assert host_of(offline_run.by_name("labs-k8s-m03-refresh-join-material")) == "10.3.60.51"
+    for node in ("labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03"):
+        join = offline_run.by_name(f"{node}-kubeadm-join")
+        assert host_of(join) == NODES[node]
+        assert offline_run.depends_on(join.name, f"{node}-prepare")
+        assert offline_run.depends_on(join.name, f"{node}-leave-cluster")
+        # Fresh join material right before each join, from a healthy control plane (not m01).
+        refresh = offline_run.by_name(f"{node}-refresh-join-material")
+        assert endpoint_of(refresh) == CLUSTER_ENDPOINT
+        assert refresh.urn in join.property_dependencies["stdin"]
 
 
 def test_worker_joins_depend_on_init_not_on_each_other(offline_run):
@@ -395,16 +418,30 @@ def test_worker_joins_depend_on_init_not_on_each_other(offline_run):
         join = f"{worker}-kubeadm-join"
         assert offline_run.depends_on(join, "labs-k8s-m01-kubeadm-init")
         assert offline_run.depends_on(join, f"{worker}-refresh-join-material")
+        assert offline_run.depends_on(join, f"{worker}-leave-cluster")
         assert not offline_run.depends_on(join, "labs-k8s-m02-kubeadm-join")
     assert not offline_run.depends_on("labs-k8s-w01-kubeadm-join", "labs-k8s-w02-kubeadm-join")
     assert not offline_run.depends_on("labs-k8s-w02-kubeadm-join", "labs-k8s-w01-kubeadm-join")
 
 
+def test_no_single_management_node(offline_run):
+    """Everything cluster-wide runs wherever the VIP's SSH port lands (a healthy control plane):
+    with m01 down, removing a worker, verifying or destroying still works."""
+    cluster_wide = {"flannel", "verify-cluster", "kubeconfig", "teardown-guard"}
+    cluster_wide |= {f"{n}-refresh-join-material" for n in NODES if "-lb" not in n}
+    cluster_wide |= {f"{n}-leave-cluster" for n in NODES if "-lb" not in n}
+    for name in cluster_wide:
+        assert endpoint_of(offline_run.by_name(name)) == CLUSTER_ENDPOINT, name
+    on_m01 = {r.name for r in offline_run.of_type(COMMAND) if host_of(r) == NODES["labs-k8s-m01"]}
+    assert on_m01 == {"labs-k8s-m01-ready", "labs-k8s-m01-prepare", "labs-k8s-m01-kubeadm-init",
+                      "labs-k8s-m01-kubeadm-join"}
+
+
 def test_flannel_and_verify(offline_run):
-    assert offline_run.depends_on("labs-k8s-m01-flannel", "labs-k8s-m01-kubeadm-init")
-    for join in ("m02", "m03", "w01", "w02"):
-        assert offline_run.depends_on("labs-k8s-m01-verify-cluster", f"labs-k8s-{join}-kubeadm-join")
-    assert offline_run.depends_on("labs-k8s-m01-verify-cluster", "labs-k8s-m01-flannel")
+    assert offline_run.depends_on("flannel", "labs-k8s-m01-kubeadm-init")
+    for join in ("m01", "m02", "m03", "w01", "w02"):
+        assert offline_run.depends_on("verify-cluster", f"labs-k8s-{join}-kubeadm-join")
+    assert offline_run.depends_on("verify-cluster", "flannel")
 
 
 def test_joins_take_no_data_from_init_output(offline_run):
@@ -420,8 +457,12 @@ def test_secret_bearing_steps_are_secret_and_quiet(offline_run):
         name = reg.name
         if any(s in name for s in ("kubeadm-init", "kubeadm-join", "refresh-join", "lb-setup")):
             assert "stdin" in reg.secret_input_keys, name  # token, certificate key or VRRP password inside
-        if any(s in name for s in ("kubeadm-init", "kubeadm-join", "refresh-join", "kubeconfig", "lb-setup")):
+        if any(s in name for s in ("kubeadm-init", "refresh-join", "kubeconfig", "lb-setup")):
             assert set(reg.additional_secret_outputs) >= {"stdout", "stderr"}, name
+        if name.endswith("-kubeadm-join"):
+            # "joined": readable in the state, so the next `up` knows the join finished.
+            assert "stderr" in reg.additional_secret_outputs and "stdout" not in reg.additional_secret_outputs, name
+        if any(s in name for s in ("kubeadm-init", "kubeadm-join", "refresh-join", "kubeconfig", "lb-setup")):
             assert reg.plain_inputs["logging"] == "none", name
             assert "sudo" in reg.plain_inputs["create"] and "." not in reg.plain_inputs["create"].split()[-1]
     for name in ("bootstrap-token-id", "bootstrap-token-secret"):
@@ -430,16 +471,33 @@ def test_secret_bearing_steps_are_secret_and_quiet(offline_run):
     assert set(offline_run.by_name("certificate-key").additional_secret_outputs) >= {"hex"}
 
 
-def test_drain_steps_guard_worker_removal_and_full_teardown(offline_run):
-    for worker in ("labs-k8s-w01", "labs-k8s-w02"):
-        drain = offline_run.by_name(f"{worker}-drain-on-removal")
-        assert offline_run.depends_on(drain.name, f"{worker}-kubeadm-join")  # removed before the VM goes
-        assert host_of(drain) == "10.3.60.51"
-        assert worker in drain.plain_inputs["delete"]
-        # Replacing it would run its delete (a drain) against a live worker.
-        assert {"stdin", "triggers"} <= set(drain.ignore_changes)
-        assert offline_run.depends_on("teardown-guard", drain.name)  # deleted first on destroy
-    assert "teardown" in offline_run.by_name("teardown-guard").plain_inputs["delete"]
+def test_leave_guards_remove_a_node_before_its_vm_goes(offline_run):
+    for node in ("labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03", "labs-k8s-w01", "labs-k8s-w02"):
+        leave = offline_run.by_name(f"{node}-leave-cluster")
+        vm = offline_run.by_name(node)
+        # Its only trigger is the VM's id, a property dependency: when the VM is replaced
+        # (delete-before-replace), the engine deletes this step first and its delete runs.
+        assert leave.property_dependencies["triggers"] == [vm.urn]
+        assert leave.plain_inputs["triggers"] == [f"{node}-id"]
+        assert "triggers" in leave.replace_on_changes and leave.delete_before_replace
+        # The create does nothing; the delete runs the bundle (drain, delete the Node, etcd member).
+        assert leave.plain_inputs["create"] == "true"
+        assert leave.plain_inputs["delete"] == "sudo -n bash -s"
+        assert "leave-cluster.sh" in leave.plain_inputs["stdin"] and node in leave.plain_inputs["stdin"]
+        assert offline_run.depends_on(leave.name, node)
+        assert offline_run.depends_on("teardown-guard", leave.name)  # deleted first on destroy
+    # Control planes leave one at a time, the last configured first.
+    assert offline_run.depends_on("labs-k8s-m03-leave-cluster", "labs-k8s-m02-leave-cluster")
+    assert offline_run.depends_on("labs-k8s-m02-leave-cluster", "labs-k8s-m01-leave-cluster")
+    assert not offline_run.depends_on("labs-k8s-w02-leave-cluster", "labs-k8s-w01-leave-cluster")
+
+
+def test_teardown_guard_marks_on_delete_clears_on_create_and_is_never_replaced(offline_run):
+    guard = offline_run.by_name("teardown-guard")
+    assert guard.plain_inputs["create"] == "sudo -n bash -s -- clear"
+    assert guard.plain_inputs["delete"] == "sudo -n bash -s -- set"
+    assert guard.plain_inputs["triggers"] == []
+    assert "teardown-guard.sh" in guard.plain_inputs["stdin"]
 
 
 def test_preview_registers_the_same_graph(offline_run):

@@ -70,7 +70,7 @@ def test_graph_is_mermaid_grouped_by_component(rendered, offline_run):
 
 def test_every_host_has_its_files(rendered):
     hosts = rendered / "hosts"
-    assert sorted(p.name for p in hosts.iterdir()) == sorted([*HOSTS, "golden-template"])
+    assert sorted(p.name for p in hosts.iterdir()) == sorted([*HOSTS, "golden-template", "cluster-endpoint"])
     for host in HOSTS:
         assert (hosts / host / "cloud-init" / "user-data.yaml").read_text().startswith("#cloud-config")
         assert "local-hostname: " + host in (hosts / host / "cloud-init" / "meta-data.yaml").read_text()
@@ -79,7 +79,11 @@ def test_every_host_has_its_files(rendered):
         assert (hosts / balancer / "steps/lb-setup/keepalived.conf").is_file()
     m01 = hosts / "labs-k8s-m01" / "steps"
     assert 'controlPlaneEndpoint: "10.3.60.100:6443"' in (m01 / "kubeadm-init/kubeadm-init.yaml").read_text()
-    assert (m01 / "flannel/kube-flannel.yml").is_file()
+    assert (m01 / "kubeadm-join/kubeadm-join.yaml").is_file()  # every control plane joins, m01 too
+    cluster = hosts / "cluster-endpoint" / "steps"  # whichever control plane the VIP's SSH port reaches
+    assert (cluster / "flannel/kube-flannel.yml").is_file()
+    assert (cluster / "labs-k8s-m03-leave-cluster/leave-cluster.sh").is_file()
+    assert "JOINING_NODE=labs-k8s-w01" in (cluster / "labs-k8s-w01-refresh-join-material/params.env").read_text()
     assert (hosts / "labs-k8s-w02/steps/kubeadm-join/kubeadm-join.yaml").is_file()
     assert (hosts / "golden-template/preseed.cfg").is_file()
 

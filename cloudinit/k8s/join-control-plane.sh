@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# join-control-plane.sh sha256:<hex>: join this node as an additional control plane (its
-# own etcd member and API server) through the VIP, unless it already joined.
+# join-control-plane.sh sha256:<hex>: join this node as a control plane (its own etcd member and
+# API server) through the VIP, unless it already is one; a join that stopped half-way is reset
+# (its etcd member removed first) and run again. Also the first control plane's step: after it
+# initialised the cluster it is a member already; a VM that replaced it joins here.
 #
-# Parameters (params.env): NODE_NAME, VIP, API_PORT, API_WAIT_SECONDS. The bundle carries
-# kubeadm-join.yaml (root-only: bootstrap token and certificate key).
+# Parameters (params.env): NODE_NAME, NODE_IP, VIP, API_PORT, API_WAIT_SECONDS. The bundle
+# carries kubeadm-join.yaml (root-only: bootstrap token and certificate key).
 # stdout: "joined" or "already-joined".
 set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -11,5 +13,5 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/lib.sh"
 require_root
 load_params "$HERE"
-: "${NODE_NAME:?}" "${VIP:?}" "${API_PORT:?}" "${API_WAIT_SECONDS:?}"
+: "${NODE_NAME:?}" "${NODE_IP:?}" "${VIP:?}" "${API_PORT:?}" "${API_WAIT_SECONDS:?}"
 join_cluster control-plane "${1:-}"

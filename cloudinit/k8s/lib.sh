@@ -14,9 +14,20 @@ ROOT=${LABS_K8S_ROOT:-}
 STEP_NAME=${STEP_NAME:-$(basename "${BASH_SOURCE[1]:-$0}" .sh)}
 STATE_DIR=$ROOT/var/lib/labs-k8s
 TEARDOWN_MARKER=$STATE_DIR/teardown
-ADMIN_CONF=$ROOT/etc/kubernetes/admin.conf
-KUBELET_CONF=$ROOT/etc/kubernetes/kubelet.conf
-CA_CERT=$ROOT/etc/kubernetes/pki/ca.crt
+K8S_DIR=$ROOT/etc/kubernetes
+ADMIN_CONF=$K8S_DIR/admin.conf
+KUBELET_CONF=$K8S_DIR/kubelet.conf
+CA_CERT=$K8S_DIR/pki/ca.crt
+MANIFESTS=$K8S_DIR/manifests
+ETCD_MANIFEST=$MANIFESTS/etcd.yaml
+# The in-cluster mark that the whole lab is being destroyed (teardown-guard.sh): while it exists,
+# leave-cluster.sh drains and removes nothing.
+TEARDOWN_CONFIGMAP=labs-k8s-teardown
+# etcdctl runs inside an etcd container (crictl exec on this node, kubectl exec elsewhere), with
+# the client certificate kubeadm made for etcd's health checks; paths are inside the container.
+ETCD_PKI=/etc/kubernetes/pki/etcd
+ETCDCTL_ARGS=(--endpoints=https://127.0.0.1:2379 "--cacert=$ETCD_PKI/ca.crt"
+    "--cert=$ETCD_PKI/healthcheck-client.crt" "--key=$ETCD_PKI/healthcheck-client.key" --command-timeout=10s)
 umask 077
 
 # stdout is kept for the step's result (fd 3); everything else, tools' chatter included, goes
@@ -160,36 +171,203 @@ setup_root_kubeconfig() {
     fi
 }
 
-# join_cluster ROLE CA_CERT_HASH: kubeadm join with the rendered JoinConfiguration, once.
-# The CA hash (public: it pins the cluster CA) comes from refresh-join-material.sh on the
-# first control plane and replaces the placeholder the render left in the file.
+# ------------------------------------------------------------------ cluster objects and etcd
+
+# api_has KIND NAME [NAMESPACE]: 0 when the object exists, 1 when it does not, 2 when the API
+# could not be asked (a missing object must never be confused with an unreachable API).
+api_has() {
+    local kind=$1 name=$2 namespace=${3:-} out
+    local scope=()
+    [[ -z $namespace ]] || scope=(-n "$namespace")
+    out=$(kc get "$kind" "$name" "${scope[@]}" --ignore-not-found -o name) || return 2
+    [[ -n $out ]]
+}
+
+# teardown_in_progress: is the lab being destroyed (teardown-guard.sh set the mark)? Dies when
+# the API cannot be asked: a drain or member removal must not guess.
+teardown_in_progress() {
+    local rc=0
+    api_has configmap "$TEARDOWN_CONFIGMAP" kube-system || rc=$?
+    case $rc in
+        0) return 0 ;;
+        1) return 1 ;;
+        *) die "cannot ask the API (through $(kubeconfig_server "$ADMIN_CONF")) whether the lab is being destroyed; is a control plane healthy?" ;;
+    esac
+}
+
+# running_etcd_pod [NOT_ON_NODE]: a Running etcd static pod, preferably not on NOT_ON_NODE.
+running_etcd_pod() {
+    kc -n kube-system get pods -l component=etcd -o json |
+        jq -r --arg not "${1:-}" '[.items[] | select(.status.phase == "Running" and .spec.nodeName != $not)
+            | .metadata.name][0] // empty'
+}
+
+# etcdctl_in_pod POD ARGS...: etcdctl inside that etcd pod (kubectl exec, through the API).
+etcdctl_in_pod() {
+    local pod=$1
+    shift
+    kc -n kube-system exec "$pod" -c etcd -- etcdctl "${ETCDCTL_ARGS[@]}" "$@"
+}
+
+# etcdctl_local ARGS...: etcdctl inside this node's etcd container (crictl exec: no API needed).
+etcdctl_local() {
+    local id
+    id=$(crictl ps --name etcd --state running -q 2>/dev/null | head -n 1) || true
+    [[ -n $id ]] || return 1
+    crictl exec "$id" etcdctl "${ETCDCTL_ARGS[@]}" "$@"
+}
+
+# member_line MEMBERS IP: the `etcdctl member list` line (simple format, etcdctl
+# printer_simple.go: "ID, started|unstarted, name, peerURLs, clientURLs, isLearner") whose peer
+# URL is https://IP:2380. IDs stay hex strings: they are 64-bit, too big for shell arithmetic.
+member_line() {
+    awk -F', ' -v peer="https://$2:2380" 'index($4, peer) {print; exit}' <<<"$1"
+}
+
+# member_state MEMBERS IP NAME: voting | learner | unstarted | absent | "named <other>".
+member_state() {
+    local line
+    line=$(member_line "$1" "$2")
+    if [[ -z $line ]]; then
+        echo absent
+        return
+    fi
+    awk -F', ' -v name="$3" '{
+        if ($2 != "started") print "unstarted"
+        else if ($6 == "true") print "learner"
+        else if ($3 != name) print "named " $3
+        else print "voting" }' <<<"$line"
+}
+
+# ------------------------------------------------------------------ joining
+
+# has_kubeadm_state: does this node hold anything a kubeadm init or join left behind?
+has_kubeadm_state() {
+    local path
+    for path in "$ADMIN_CONF" "$KUBELET_CONF" "$K8S_DIR/bootstrap-kubelet.conf" "$CA_CERT" \
+        "$ROOT/var/lib/kubelet/config.yaml" "$ROOT/var/lib/etcd/member"; do
+        [[ -e $path ]] && return 0
+    done
+    compgen -G "$MANIFESTS/*.yaml" >/dev/null
+}
+
+# cluster_members: `etcdctl member list` from this node's etcd if it runs (MEMBERS_FROM=local),
+# else from another control plane's etcd through the API (MEMBERS_FROM=cluster).
+MEMBERS_FROM=""
+cluster_members() {
+    local pod
+    MEMBERS_FROM=local
+    etcdctl_local member list 2>/dev/null && return 0
+    MEMBERS_FROM=cluster
+    [[ -f $ADMIN_CONF ]] || return 1
+    pod=$(running_etcd_pod "$NODE_NAME" 2>/dev/null) || return 1
+    [[ -n $pod ]] || return 1
+    etcdctl_in_pod "$pod" member list
+}
+
+# JOIN_STATE after joined_state ROLE: joined | partial | none | unknown:<why>.
+# A control plane is joined when it has admin.conf, the etcd static pod manifest, and is a
+# started, voting etcd member under its own name. A worker is joined when it has kubelet.conf and
+# the API knows its Node. kubeadm join writes kubelet.conf (kubelet-start) before etcd-join,
+# control-plane-join and wait-control-plane (cmd/kubeadm/app/cmd/join.go), so kubelet.conf alone
+# proves nothing.
+JOIN_STATE=none
+joined_state() {
+    local role=$1 members state out
+    if ! has_kubeadm_state; then
+        JOIN_STATE=none
+        return
+    fi
+    if [[ $role == control-plane ]]; then
+        if [[ ! -f $ADMIN_CONF || ! -f $ETCD_MANIFEST ]]; then
+            JOIN_STATE=partial
+            return
+        fi
+        if ! members=$(cluster_members); then
+            JOIN_STATE="unknown:no etcd member answers (neither this node's etcd nor another control plane's through $VIP)"
+            return
+        fi
+        state=$(member_state "$members" "$NODE_IP" "$NODE_NAME")
+        log "etcd member for $NODE_IP (member list from the $MEMBERS_FROM etcd): $state"
+        if [[ $state == voting ]]; then
+            JOIN_STATE=joined
+        elif [[ $MEMBERS_FROM == local && $state == absent ]]; then
+            # This node's own etcd answers, yet its member list lacks it: never reset on that.
+            JOIN_STATE="unknown:this node's etcd runs but its member list has no member at $NODE_IP"
+        else
+            JOIN_STATE=partial
+        fi
+        return
+    fi
+    if [[ ! -f $KUBELET_CONF ]]; then
+        JOIN_STATE=partial
+        return
+    fi
+    # The kubelet's own credentials may read its own Node object (Node authorizer).
+    if ! out=$(kubectl --kubeconfig "$KUBELET_CONF" --request-timeout=20s get node "$NODE_NAME" --ignore-not-found -o name); then
+        JOIN_STATE="unknown:the API does not answer this node's kubelet credentials"
+        return
+    fi
+    if [[ -n $out ]]; then JOIN_STATE=joined; else JOIN_STATE=partial; fi
+}
+
+# remove_own_stale_member: before a half-joined control plane is reset, take its etcd member
+# out of the cluster (through another control plane's etcd): kubeadm's own reset only tries,
+# and a member left behind costs the cluster its fault tolerance.
+remove_own_stale_member() {
+    local pod members line
+    [[ -f $ADMIN_CONF ]] || return 0
+    pod=$(running_etcd_pod "$NODE_NAME" 2>/dev/null) || pod=""
+    if [[ -z $pod ]]; then
+        log "no other etcd member answers through the API; kubeadm reset will try to remove this node's member itself"
+        return 0
+    fi
+    members=$(etcdctl_in_pod "$pod" member list) || die "etcdctl member list failed in $pod"
+    line=$(member_line "$members" "$NODE_IP")
+    if [[ -n $line ]]; then
+        log "removing this node's stale etcd member (${line%%,*}: $line) through $pod"
+        etcdctl_in_pod "$pod" member remove "${line%%,*}" || die "etcdctl member remove ${line%%,*} failed in $pod"
+    fi
+}
+
+# join_cluster ROLE CA_CERT_HASH: kubeadm join with the rendered JoinConfiguration, once; a node
+# that a previous join left half-way is reset (its etcd member removed first) and joined again.
+# The CA hash (public: it pins the cluster CA) comes from refresh-join-material.sh and replaces
+# the placeholder the render left in the file.
 join_cluster() {
     local role=$1 hash=$2
     local template=${HERE:?}/kubeadm-join.yaml final=${HERE:?}/kubeadm-join.final.yaml
     [[ $hash =~ ^sha256:[0-9a-f]{64}$ ]] ||
         die "usage: ${0##*/} sha256:<64 hex digits> (the CA cert hash printed by refresh-join-material.sh)"
-    if [[ -f $KUBELET_CONF ]]; then
-        log "already joined: ${KUBELET_CONF#"$ROOT"} exists; not running kubeadm join again"
-        if [[ $role == control-plane && -f $ADMIN_CONF ]]; then
-            setup_root_kubeconfig
-        fi
-        result already-joined
-        return 0
-    fi
+    joined_state "$role"
+    case $JOIN_STATE in
+        joined)
+            log "already joined as $role; not running kubeadm join again"
+            if [[ $role == control-plane ]]; then setup_root_kubeconfig; fi
+            result already-joined
+            return 0
+            ;;
+        unknown:*)
+            die "cannot tell whether this node finished joining: ${JOIN_STATE#unknown:}. Not resetting it on a guess; retry when the control plane answers"
+            ;;
+        partial)
+            log "a previous kubeadm join stopped half-way; resetting this node and joining again"
+            if [[ $role == control-plane ]]; then remove_own_stale_member; fi
+            run_logged "$HERE/kubeadm-reset.log" kubeadm reset -f || die "kubeadm reset -f failed (see $HERE/kubeadm-reset.log)"
+            ;;
+    esac
     [[ -s $template ]] || die "the JoinConfiguration ${template##*/} is missing from the bundle"
     grep -q 'LABS_K8S_CA_CERT_HASH' "$template" || die "${template##*/} has no CA cert hash placeholder"
     sed "s/LABS_K8S_CA_CERT_HASH/$hash/" "$template" >"$final"
     chmod 0600 "$final"
     wait_for "$API_WAIT_SECONDS" 5 api_answers "$VIP:$API_PORT" ||
-        die "no API server answers on https://$VIP:$API_PORT within ${API_WAIT_SECONDS}s: is the load balancer up and the first control plane initialised?"
+        die "no API server answers on https://$VIP:$API_PORT within ${API_WAIT_SECONDS}s: is the load balancer up and a control plane healthy?"
     log "kubeadm join as $role through $VIP:$API_PORT (output: $HERE/kubeadm-join.log, root-only)"
     if ! run_logged "$HERE/kubeadm-join.log" kubeadm join --config "$final"; then
-        die "kubeadm join failed. Before retrying, run 'kubeadm reset -f' on this node; for a control plane also check 'etcdctl member list' for a stale member"
+        die "kubeadm join failed (log above). The next 'pulumi up' refreshes the join material, resets this node (removing its etcd member) and joins it again"
     fi
-    [[ -f $KUBELET_CONF ]] || die "kubeadm join finished but ${KUBELET_CONF#"$ROOT"} is missing"
-    if [[ $role == control-plane ]]; then
-        [[ -f $ADMIN_CONF ]] || die "kubeadm join --control-plane finished but ${ADMIN_CONF#"$ROOT"} is missing"
-        setup_root_kubeconfig
-    fi
+    joined_state "$role"
+    [[ $JOIN_STATE == joined ]] || die "kubeadm join finished but this node is not joined (${JOIN_STATE}); the next 'pulumi up' resets it and joins again"
+    if [[ $role == control-plane ]]; then setup_root_kubeconfig; fi
     result joined
 }

@@ -239,7 +239,8 @@ EOF
 # ------------------------------------------------------------------ packages and repositories
 install_base_packages() {
     local pkg missing=()
-    for pkg in ca-certificates curl gnupg ethtool jq conntrack socat iptables; do
+    # iputils-arping: kubeadm-init.sh checks that exactly one balancer answers ARP for the VIP.
+    for pkg in ca-certificates curl gnupg ethtool jq conntrack socat iptables iputils-arping; do
         pkg_installed "$pkg" || missing+=("$pkg")
     done
     if ((${#missing[@]} > 0)); then

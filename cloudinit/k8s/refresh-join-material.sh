@@ -1,58 +1,49 @@
 #!/usr/bin/env bash
-# refresh-join-material.sh: on the first control plane, before each join, make the join
-# material valid again and print the CA cert hash the joins pin.
+# refresh-join-material.sh: on any healthy control plane (the step reaches one through the VIP),
+# right before a node joins: make the join material valid again and print the CA cert hash the
+# join pins.
 #
-# - certificates: 'kubeadm init phase upload-certs' re-encrypts the control-plane
-#   certificates into the kubeadm-certs Secret with the same certificate key (the Secret
-#   expires after 2 h, so a late join would otherwise fail);
-# - bootstrap token: created from the config (24 h TTL) when it is missing or has less
-#   than an hour left;
+# - certificates (control-plane joins only): 'kubeadm init phase upload-certs' re-encrypts the
+#   control-plane certificates into the kubeadm-certs Secret with the same certificate key. The
+#   Secret is owned by a bootstrap token with a 2 h TTL (kubeadm constants.DefaultCertTokenDuration)
+#   and disappears with it, so a join retried later needs a fresh upload;
+# - bootstrap token: 'kubeadm init phase bootstrap-token' updates the token of our ID in place
+#   (UpdateOrCreateTokens with failIfExists=false) with a fresh 24 h TTL, or creates it, and
+#   re-creates the bootstrapper RBAC and the cluster-info ConfigMap. Unlike 'kubeadm token
+#   create' (which fails "a token with id ... already exists") it never fails on an existing or
+#   nearly expired token, and two nodes refreshing at once both succeed: the token's value never
+#   changes, so a join already under way is not disturbed;
 # - stdout: exactly one line, sha256:<hex> of the cluster CA's public key, computed from
-#   /etc/kubernetes/pki/ca.crt with openssl (never parsed from kubeadm init output).
+#   /etc/kubernetes/pki/ca.crt with openssl (never parsed from kubeadm output).
 #
-# Parameters (params.env): VIP, API_PORT, API_WAIT_SECONDS, TOKEN_ID (the public half of
-# the token). The bundle carries kubeadm-init.yaml (root-only: token and certificate key).
+# Parameters (params.env): VIP, API_PORT, API_WAIT_SECONDS, TOKEN_ID (the public half of the
+# token), JOINING_NODE, JOINING_ROLE. The bundle carries kubeadm-init.yaml (root-only: token and
+# certificate key).
 set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$HERE/lib.sh"
 require_root
 load_params "$HERE"
-: "${VIP:?}" "${API_PORT:?}" "${API_WAIT_SECONDS:?}" "${TOKEN_ID:?}"
+: "${VIP:?}" "${API_PORT:?}" "${API_WAIT_SECONDS:?}" "${TOKEN_ID:?}" "${JOINING_NODE:?}" "${JOINING_ROLE:?}"
 CONFIG=$HERE/kubeadm-init.yaml
 [[ -s $CONFIG ]] || die "the kubeadm configuration ${CONFIG##*/} is missing from the bundle"
-[[ -f $ADMIN_CONF ]] || die "no ${ADMIN_CONF#"$ROOT"}: kubeadm init has not run on this node"
-wait_for "$API_WAIT_SECONDS" 5 api_answers "127.0.0.1:$API_PORT" ||
-    die "the local API server does not answer within ${API_WAIT_SECONDS}s"
+[[ -f $ADMIN_CONF ]] || die "no ${ADMIN_CONF#"$ROOT"} on this control plane: it is not (yet) part of the cluster"
+wait_for "$API_WAIT_SECONDS" 5 api_answers "$VIP:$API_PORT" ||
+    die "the API does not answer on $VIP:$API_PORT within ${API_WAIT_SECONDS}s"
 
-log "re-uploading the control-plane certificates (kubeadm-certs Secret, valid 2 h)"
-run_logged "$HERE/upload-certs.log" kubeadm init phase upload-certs --upload-certs \
-    --config "$CONFIG" --kubeconfig "$ADMIN_CONF" ||
-    die "kubeadm init phase upload-certs failed"
-
-# token_valid: the token with our ID exists and lives for at least another hour.
-token_valid() {
-    local listing line expires
-    listing=$(kubeadm token list --kubeconfig "$ADMIN_CONF" 2>/dev/null) ||
-        die "kubeadm token list failed"
-    # Columns: TOKEN TTL EXPIRES USAGES DESCRIPTION EXTRA-GROUPS; match on the public token ID.
-    line=$(awk -v id="$TOKEN_ID." 'index($1, id) == 1 {print $2, $3; exit}' <<<"$listing")
-    [[ -n $line ]] || return 1
-    expires=${line#* }
-    if [[ $expires == "<never>" || ${line%% *} == "<forever>" ]]; then
-        return 0
-    fi
-    (($(date -d "$expires" +%s) > $(date +%s) + 3600))
-}
-
-if token_valid; then
-    log "bootstrap token $TOKEN_ID.* exists and is valid for more than an hour"
-else
-    log "creating bootstrap token $TOKEN_ID.* (TTL 24h, from the config)"
-    run_logged "$HERE/token-create.log" kubeadm token create --config "$CONFIG" --kubeconfig "$ADMIN_CONF" ||
-        die "kubeadm token create failed"
-    token_valid || die "bootstrap token $TOKEN_ID.* still missing after kubeadm token create"
+if [[ $JOINING_ROLE == control-plane ]]; then
+    log "re-uploading the control-plane certificates for $JOINING_NODE (kubeadm-certs Secret, valid 2 h)"
+    run_logged "$HERE/upload-certs.log" kubeadm init phase upload-certs --upload-certs --skip-certificate-key-print \
+        --config "$CONFIG" --kubeconfig "$ADMIN_CONF" || die "kubeadm init phase upload-certs failed"
+    api_has secret kubeadm-certs kube-system || die "the kubeadm-certs Secret is still missing after upload-certs"
 fi
+
+log "refreshing bootstrap token $TOKEN_ID.* for $JOINING_NODE (TTL 24 h from now)"
+run_logged "$HERE/bootstrap-token.log" kubeadm init phase bootstrap-token --skip-token-print \
+    --config "$CONFIG" --kubeconfig "$ADMIN_CONF" || die "kubeadm init phase bootstrap-token failed"
+api_has secret "bootstrap-token-$TOKEN_ID" kube-system ||
+    die "bootstrap token $TOKEN_ID.* is still missing after kubeadm init phase bootstrap-token"
 
 hash=$(ca_cert_hash "$CA_CERT")
 result "$hash"

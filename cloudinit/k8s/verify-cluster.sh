@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# verify-cluster.sh: on the first control plane, wait (bounded) until the cluster is what
-# the config describes, then say so; otherwise list exactly what is missing and fail.
+# verify-cluster.sh: on any healthy control plane (reached through the VIP), wait (bounded)
+# until the cluster is what the config describes, then say so; otherwise list exactly what is
+# missing and fail.
 #
 # Checks: every expected node Ready; kube-apiserver, kube-controller-manager,
-# kube-scheduler and etcd pods Running on every control plane; CoreDNS Available; etcd
-# with the expected member count, all healthy, one leader that every member agrees on,
-# one raft term; the API answering through the VIP, and admin.conf pointing at it.
+# kube-scheduler and etcd pods Running on every control plane; CoreDNS Available; etcd with
+# exactly one started, voting member per configured control plane (stale, unstarted and
+# learner members are named), all healthy (unhealthy ones named), one leader that every member
+# agrees on, one raft term; the API answering through the VIP, and admin.conf pointing at it.
 #
-# Parameters (params.env): NODE_NAME, VIP, API_PORT, EXPECTED_NODES (array),
+# Parameters (params.env): VIP, API_PORT, EXPECTED_NODES (array),
 # CONTROL_PLANES (array), VERIFY_TIMEOUT_SECONDS, VERIFY_INTERVAL_SECONDS.
 # stdout: "cluster-ok".
 set -Eeuo pipefail
@@ -16,17 +18,17 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/lib.sh"
 require_root
 load_params "$HERE"
-: "${NODE_NAME:?}" "${VIP:?}" "${API_PORT:?}" "${VERIFY_TIMEOUT_SECONDS:?}" "${VERIFY_INTERVAL_SECONDS:?}"
+: "${VIP:?}" "${API_PORT:?}" "${VERIFY_TIMEOUT_SECONDS:?}" "${VERIFY_INTERVAL_SECONDS:?}"
 ((${#EXPECTED_NODES[@]} > 0 && ${#CONTROL_PLANES[@]} > 0)) || die "EXPECTED_NODES and CONTROL_PLANES must not be empty"
-[[ -f $ADMIN_CONF ]] || die "no ${ADMIN_CONF#"$ROOT"}: run this on the initialised first control plane"
+[[ -f $ADMIN_CONF ]] || die "no ${ADMIN_CONF#"$ROOT"}: run this on a control plane of the cluster"
 
-ETCD_PKI=/etc/kubernetes/pki/etcd
 MISSING=()
 missing() { MISSING+=("$*"); }
 
 check_nodes() {
     local ready name status
-    if ! ready=$(kc get nodes -o jsonpath='{range .items[*]}{.metadata.name}{"="}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}'); then
+    if ! ready=$(kc get nodes -o json | jq -r '.items[] | .metadata.name + "=" +
+        ([.status.conditions[]? | select(.type == "Ready") | .status][0] // "Unknown")'); then
         missing "the API server does not answer kubectl get nodes (admin.conf)"
         return 1
     fi
@@ -42,7 +44,7 @@ check_nodes() {
 
 check_control_plane_pods() {
     local pods node component phase
-    if ! pods=$(kc -n kube-system get pods -o jsonpath='{range .items[*]}{.metadata.name}{"="}{.status.phase}{"\n"}{end}'); then
+    if ! pods=$(kc -n kube-system get pods -o json | jq -r '.items[] | .metadata.name + "=" + .status.phase'); then
         missing "cannot list the kube-system pods"
         return 1
     fi
@@ -56,56 +58,61 @@ check_control_plane_pods() {
 
 check_coredns() {
     local available
-    available=$(kc -n kube-system get deployment coredns \
-        -o jsonpath='{.status.conditions[?(@.type=="Available")].status}' 2>/dev/null || true)
+    available=$(kc -n kube-system get deployment coredns -o json 2>/dev/null |
+        jq -r '[.status.conditions[]? | select(.type == "Available") | .status][0] // empty' || true)
     [[ $available == True ]] || missing "deployment kube-system/coredns is not Available (Available=${available:-unknown})"
 }
 
-etcdctl_in() {
-    local pod=$1
-    shift
-    kc -n kube-system exec "$pod" -c etcd -- etcdctl \
-        --endpoints=https://127.0.0.1:2379 --cacert="$ETCD_PKI/ca.crt" \
-        --cert="$ETCD_PKI/server.crt" --key="$ETCD_PKI/server.key" \
-        --command-timeout=10s "$@"
-}
-
 check_etcd() {
-    local expected=${#CONTROL_PLANES[@]} pod="" candidate status health count leaders views terms unhealthy
-    for candidate in "$NODE_NAME" "${CONTROL_PLANES[@]}"; do
-        if [[ $(kc -n kube-system get pod "etcd-$candidate" -o jsonpath='{.status.phase}' 2>/dev/null || true) == Running ]]; then
-            pod=etcd-$candidate
-            break
-        fi
-    done
+    local expected=${#CONTROL_PLANES[@]} pod members count status health leaders views terms
+    local id state name peer learner endpoint
+    pod=$(running_etcd_pod 2>/dev/null || true)
     if [[ -z $pod ]]; then
         missing "no Running etcd pod to run etcdctl in"
         return 1
     fi
-    if ! status=$(etcdctl_in "$pod" endpoint status --cluster -w json 2>/dev/null) || [[ -z $status ]]; then
-        missing "etcdctl endpoint status --cluster failed in $pod"
+    if ! members=$(etcdctl_in_pod "$pod" member list 2>/dev/null) || [[ -z $members ]]; then
+        missing "etcdctl member list failed in $pod"
         return 1
     fi
-    # Member IDs are 64-bit: quote them before jq, whose numbers are doubles.
-    status=$(sed -E 's/"(cluster_id|member_id|leader)":([0-9]+)/"\1":"\2"/g' <<<"$status")
-    count=$(jq 'length' <<<"$status")
-    leaders=$(jq '[.[] | select(.Status.leader == .Status.header.member_id)] | length' <<<"$status")
-    views=$(jq '[.[].Status.leader] | unique | length' <<<"$status")
-    terms=$(jq '[.[].Status.raftTerm] | unique | length' <<<"$status")
-    [[ $count == "$expected" ]] || missing "etcd has $count members answering, expected $expected (one per control plane)"
-    [[ $leaders == 1 ]] || missing "etcd has $leaders members that are leader, expected exactly 1"
-    [[ $views == 1 ]] || missing "etcd members disagree on the leader ($views different leaders reported)"
-    [[ $terms == 1 ]] || missing "etcd members are on $terms different raft terms"
+    count=$(grep -c . <<<"$members" || true)
+    [[ $count == "$expected" ]] ||
+        missing "etcd has $count members, expected $expected (one per control plane: ${CONTROL_PLANES[*]})"
+    # Name every member that is not a started, voting member of a configured control plane.
+    while IFS=", " read -r id state name peer _ learner; do
+        [[ -n $id ]] || continue
+        if [[ $state != started ]]; then
+            missing "etcd member $id ($peer) never started: a control-plane join stopped half-way (its join step resets it)"
+        elif [[ $learner == true ]]; then
+            missing "etcd member $name ($id, $peer) is still a learner, not a voting member"
+        elif ! printf '%s\n' "${CONTROL_PLANES[@]}" | grep -qxF "$name"; then
+            missing "etcd member $name ($id, $peer) is stale: $name is not a control plane in the config (remove it: etcdctl member remove $id)"
+        fi
+    done < <(awk -F', ' '{print $1 ", " $2 ", " ($3 == "" ? "-" : $3) ", " $4 ", " ($5 == "" ? "-" : $5) ", " $6}' <<<"$members")
 
-    health=$(etcdctl_in "$pod" endpoint health --cluster -w json 2>/dev/null || true)
+    if status=$(etcdctl_in_pod "$pod" endpoint status --cluster -w json 2>/dev/null) && [[ -n $status ]]; then
+        # Member IDs are 64-bit: quote them before jq, whose numbers are doubles.
+        status=$(sed -E 's/"(cluster_id|member_id|leader)":([0-9]+)/"\1":"\2"/g' <<<"$status")
+        leaders=$(jq '[.[] | select(.Status.leader == .Status.header.member_id)] | length' <<<"$status")
+        views=$(jq '[.[].Status.leader] | unique | length' <<<"$status")
+        terms=$(jq '[.[].Status.raftTerm] | unique | length' <<<"$status")
+        [[ $leaders == 1 ]] || missing "etcd has $leaders members that are leader, expected exactly 1"
+        [[ $views == 1 ]] || missing "etcd members disagree on the leader ($views different leaders reported)"
+        [[ $terms == 1 ]] || missing "etcd members are on $terms different raft terms"
+    else
+        missing "etcdctl endpoint status --cluster failed in $pod"
+    fi
+
+    health=$(etcdctl_in_pod "$pod" endpoint health --cluster -w json 2>/dev/null || true)
     if [[ -z $health ]] || ! jq -e 'type == "array"' >/dev/null 2>&1 <<<"$health"; then
         missing "etcdctl endpoint health --cluster gave no answer in $pod"
         return 1
     fi
-    count=$(jq 'length' <<<"$health")
-    unhealthy=$(jq -r '[.[] | select(.health != true) | .endpoint] | join(", ")' <<<"$health")
-    [[ $count == "$expected" ]] || missing "etcd health lists $count endpoints, expected $expected"
-    [[ -z $unhealthy ]] || missing "etcd endpoints not healthy: $unhealthy"
+    while read -r endpoint; do
+        [[ -n $endpoint ]] || continue
+        name=$(awk -F', ' -v ep="$endpoint" 'index($5, ep) {print $3; exit}' <<<"$members")
+        missing "etcd member ${name:-?} ($endpoint) is not healthy"
+    done < <(jq -r '.[] | select(.health != true) | .endpoint' <<<"$health")
 }
 
 check_vip() {

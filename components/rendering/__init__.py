@@ -79,5 +79,6 @@ def step_bundle(step: str, files: Mapping[str, str], entrypoint: str, args: tupl
         lines.append("LABS_K8S_EOF")
     quoted_args = " ".join(shlex.quote(a) for a in args)
     lines.append(f"cd {shlex.quote(step_dir)}")
-    lines.append(f"exec bash ./{shlex.quote(entrypoint)} {quoted_args}".rstrip())
+    # "$@": what the remote command passes after `bash -s --` (teardown-guard's set/clear).
+    lines.append(f'exec bash ./{shlex.quote(entrypoint)} {quoted_args} "$@"'.replace('  "$@"', ' "$@"'))
     return "\n".join(lines) + "\n"

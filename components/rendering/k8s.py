@@ -8,14 +8,21 @@ and templates themselves live under `cloudinit/k8s/`.
 Every script logs to stderr and prints only its result on stdout:
 
 - prepare-node.sh          "prepared <node>"
-- kubeadm-init.sh          "initialized" | "already-initialized" | "cluster-answers-on-vip"
+- kubeadm-init.sh          "initialized" | "already-initialized" | "cluster-exists"
 - refresh-join-material.sh "sha256:<64 hex>", the CA cert hash the joins pin (not a secret)
 - join-control-plane.sh    "joined" | "already-joined"   (argument: the CA cert hash)
 - join-worker.sh           "joined" | "already-joined"   (argument: the CA cert hash)
 - apply-flannel.sh         "flannel-ready"
 - verify-cluster.sh        "cluster-ok"
-- drain-node.sh            "drained" | "already-gone" | "skipped-teardown"
-- print-kubeconfig.sh      the admin kubeconfig (a secret: it holds the cluster-admin key)
+- leave-cluster.sh         "left" | "already-gone" | "skipped-teardown"
+- teardown-guard.sh        "teardown-marked" | "teardown-cleared"   (argument: set | clear)
+- print-kubeconfig.sh      a "# labs-k8s: client certificate valid until <time>" line, then the
+                           admin kubeconfig (a secret: it holds the cluster-admin key)
+
+The first control plane runs init; every control plane (the first included, so a VM that
+replaced it joins) and every worker runs a join. refresh, flannel, verify, kubeconfig, leave
+and teardown-guard run on whichever control plane is healthy (components/cluster.py reaches
+one through the VIP).
 
 Secrets (bootstrap token, certificate key) appear only inside the kubeadm YAML files of a
 bundle, which the bundle writes root-only (0600); never in params.env, never on a command line.
@@ -39,7 +46,8 @@ CONTROL_PLANE_JOIN_ENTRYPOINT = "join-control-plane.sh"
 WORKER_JOIN_ENTRYPOINT = "join-worker.sh"
 FLANNEL_ENTRYPOINT = "apply-flannel.sh"
 VERIFY_ENTRYPOINT = "verify-cluster.sh"
-DRAIN_ENTRYPOINT = "drain-node.sh"
+LEAVE_ENTRYPOINT = "leave-cluster.sh"
+TEARDOWN_ENTRYPOINT = "teardown-guard.sh"
 KUBECONFIG_ENTRYPOINT = "print-kubeconfig.sh"
 
 # Files the scripts expect beside them in the step directory.
@@ -64,6 +72,9 @@ FLANNEL_TIMEOUT_SECONDS = 300
 VERIFY_TIMEOUT_SECONDS = 900
 VERIFY_INTERVAL_SECONDS = 10
 DRAIN_TIMEOUT_SECONDS = 180
+# The exported kubeconfig's client certificate (one year, kubeadm's default) is renewed and
+# re-exported when it has less than this left.
+KUBECONFIG_RENEW_BEFORE_DAYS = 30
 
 TOKEN_PATTERN = re.compile(r"^[a-z0-9]{6}\.[a-z0-9]{16}$")
 CERTIFICATE_KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
@@ -84,7 +95,8 @@ _SCRIPTS = (
     WORKER_JOIN_ENTRYPOINT,
     FLANNEL_ENTRYPOINT,
     VERIFY_ENTRYPOINT,
-    DRAIN_ENTRYPOINT,
+    LEAVE_ENTRYPOINT,
+    TEARDOWN_ENTRYPOINT,
     KUBECONFIG_ENTRYPOINT,
 )
 
@@ -129,7 +141,7 @@ def token_id(token: str) -> str:
 
 
 def first_control_plane(cfg: LabConfig) -> Node:
-    """The node that runs kubeadm init and every cluster-wide step (flannel, verify, drain)."""
+    """The node that runs kubeadm init (and, like every control plane, a join when it is new)."""
     return cfg.control_planes[0]
 
 
@@ -200,8 +212,6 @@ def render_init_config(cfg: LabConfig, token: str, certificate_key: str) -> str:
 def render_control_plane_join_config(cfg: LabConfig, node: Node, token: str, certificate_key: str) -> str:
     """JoinConfiguration for an additional control plane (its own etcd member and API server)."""
     _require_role(node, Role.CONTROL_PLANE, "a control-plane JoinConfiguration")
-    if node.name == first_control_plane(cfg).name:
-        raise ValueError(f"{node.name} is the first control plane: it runs kubeadm init, it does not join")
     return render_template(
         f"{_K8S_DIR}/kubeadm-join.yaml.j2",
         **_common_context(cfg),
@@ -300,30 +310,58 @@ def _api_params(cfg: LabConfig) -> dict[str, ParamValue]:
     }
 
 
+def balancer_step_names(cfg: LabConfig) -> list[str]:
+    """The Pulumi steps that set the balancers up (named in init's balancer errors)."""
+    return [f"{node.name}-lb-setup" for node in cfg.balancers]
+
+
 def init_files(cfg: LabConfig, token: str, certificate_key: str) -> dict[str, str]:
     """kubeadm-init.sh on the first control plane, with its kubeadm configuration (secret)."""
-    files = _script_files(INIT_ENTRYPOINT, {"NODE_NAME": first_control_plane(cfg).name, **_api_params(cfg)})
+    files = _script_files(
+        INIT_ENTRYPOINT,
+        {
+            "NODE_NAME": first_control_plane(cfg).name,
+            **_api_params(cfg),
+            "TOKEN_ID": token_id(token),
+            "BALANCER_STEPS": balancer_step_names(cfg),
+        },
+    )
     files[INIT_CONFIG_FILE] = render_init_config(cfg, token, certificate_key)
     return files
 
 
-def refresh_files(cfg: LabConfig, token: str, certificate_key: str) -> dict[str, str]:
-    """refresh-join-material.sh on the first control plane: same config as init (same token and key)."""
-    files = _script_files(REFRESH_ENTRYPOINT, {**_api_params(cfg), "TOKEN_ID": token_id(token)})
+def refresh_files(cfg: LabConfig, token: str, certificate_key: str, joining: Node) -> dict[str, str]:
+    """refresh-join-material.sh on a healthy control plane right before `joining` joins: same
+    config as init (same token and key); certificates are uploaded only for a control plane."""
+    if joining.role not in (Role.CONTROL_PLANE, Role.WORKER):
+        raise ValueError(f"{joining.name} is a {joining.role.value}; only Kubernetes nodes join")
+    files = _script_files(
+        REFRESH_ENTRYPOINT,
+        {
+            **_api_params(cfg),
+            "TOKEN_ID": token_id(token),
+            "JOINING_NODE": joining.name,
+            "JOINING_ROLE": joining.role.value,
+        },
+    )
     files[INIT_CONFIG_FILE] = render_init_config(cfg, token, certificate_key)
     return files
+
+
+def _join_params(cfg: LabConfig, node: Node) -> dict[str, ParamValue]:
+    return {"NODE_NAME": node.name, "NODE_IP": _ip(node.ip), **_api_params(cfg)}
 
 
 def control_plane_join_files(cfg: LabConfig, node: Node, token: str, certificate_key: str) -> dict[str, str]:
-    """join-control-plane.sh for m02, m03...; run it with the CA cert hash as its one argument."""
-    files = _script_files(CONTROL_PLANE_JOIN_ENTRYPOINT, {"NODE_NAME": node.name, **_api_params(cfg)})
+    """join-control-plane.sh for every control plane; run it with the CA cert hash as its one argument."""
+    files = _script_files(CONTROL_PLANE_JOIN_ENTRYPOINT, _join_params(cfg, node))
     files[JOIN_CONFIG_FILE] = render_control_plane_join_config(cfg, node, token, certificate_key)
     return files
 
 
 def worker_join_files(cfg: LabConfig, node: Node, token: str) -> dict[str, str]:
     """join-worker.sh for a worker; run it with the CA cert hash as its one argument."""
-    files = _script_files(WORKER_JOIN_ENTRYPOINT, {"NODE_NAME": node.name, **_api_params(cfg)})
+    files = _script_files(WORKER_JOIN_ENTRYPOINT, _join_params(cfg, node))
     files[JOIN_CONFIG_FILE] = render_worker_join_config(cfg, node, token)
     return files
 
@@ -334,18 +372,17 @@ def join_args(ca_cert_hash: str) -> tuple[str, ...]:
 
 
 def flannel_files(cfg: LabConfig) -> dict[str, str]:
-    """apply-flannel.sh on the first control plane, with the rendered manifest."""
+    """apply-flannel.sh on a healthy control plane, with the rendered manifest."""
     files = _script_files(FLANNEL_ENTRYPOINT, {"FLANNEL_TIMEOUT_SECONDS": FLANNEL_TIMEOUT_SECONDS})
     files[FLANNEL_MANIFEST_FILE] = render_flannel_manifest(cfg)
     return files
 
 
 def verify_files(cfg: LabConfig) -> dict[str, str]:
-    """verify-cluster.sh on the first control plane: expects every configured node and control plane."""
+    """verify-cluster.sh on a healthy control plane: expects every configured node and control plane."""
     return _script_files(
         VERIFY_ENTRYPOINT,
         {
-            "NODE_NAME": first_control_plane(cfg).name,
             "VIP": _ip(cfg.load_balancer.vip),
             "API_PORT": API_PORT,
             "EXPECTED_NODES": [node.name for node in cfg.kubernetes_nodes],
@@ -356,20 +393,42 @@ def verify_files(cfg: LabConfig) -> dict[str, str]:
     )
 
 
-def drain_files(cfg: LabConfig, node_name: str) -> dict[str, str]:
-    """drain-node.sh on the first control plane for a worker leaving the config.
-
-    The node may already be gone from `cfg` (that is why it is drained), so only its name is needed.
-    """
-    if not re.match(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", node_name):
-        raise ValueError(f"not a node name: {node_name!r}")
-    if node_name in {node.name for node in cfg.control_planes}:
-        raise ValueError(f"{node_name} is a control plane; drain-node.sh removes workers only")
+def leave_files(node: Node) -> dict[str, str]:
+    """leave-cluster.sh on a healthy control plane for `node` leaving the cluster (drain, delete
+    the Node, remove a control plane's etcd member). Only the node's own facts go in: the node
+    may already be gone from the config when this runs."""
+    if node.role not in (Role.CONTROL_PLANE, Role.WORKER):
+        raise ValueError(f"{node.name} is a {node.role.value}; only Kubernetes nodes leave the cluster")
+    if not re.match(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", node.name):
+        raise ValueError(f"not a node name: {node.name!r}")
     return _script_files(
-        DRAIN_ENTRYPOINT, {"DRAIN_NODE": node_name, "DRAIN_TIMEOUT_SECONDS": DRAIN_TIMEOUT_SECONDS}
+        LEAVE_ENTRYPOINT,
+        {
+            "LEAVING_NODE": node.name,
+            "LEAVING_IP": _ip(node.ip),
+            "LEAVING_ROLE": node.role.value,
+            "DRAIN_TIMEOUT_SECONDS": DRAIN_TIMEOUT_SECONDS,
+        },
     )
 
 
+def teardown_guard_files() -> dict[str, str]:
+    """teardown-guard.sh (no parameters: `set` or `clear` is its argument)."""
+    return _script_files(TEARDOWN_ENTRYPOINT, {})
+
+
 def kubeconfig_files(cfg: LabConfig) -> dict[str, str]:
-    """print-kubeconfig.sh on the first control plane (its stdout is a secret)."""
-    return _script_files(KUBECONFIG_ENTRYPOINT, {"VIP": _ip(cfg.load_balancer.vip), "API_PORT": API_PORT})
+    """print-kubeconfig.sh on a healthy control plane (its stdout is a secret)."""
+    return _script_files(
+        KUBECONFIG_ENTRYPOINT,
+        {"VIP": _ip(cfg.load_balancer.vip), "API_PORT": API_PORT, "RENEW_BEFORE_DAYS": KUBECONFIG_RENEW_BEFORE_DAYS},
+    )
+
+
+KUBECONFIG_VALIDITY = re.compile(r"^# labs-k8s: client certificate valid until (\S+)$", re.MULTILINE)
+
+
+def kubeconfig_valid_until(kubeconfig: str) -> str | None:
+    """The RFC 3339 time print-kubeconfig.sh says the exported client certificate expires."""
+    match = KUBECONFIG_VALIDITY.search(kubeconfig)
+    return match.group(1) if match else None

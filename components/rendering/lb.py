@@ -14,6 +14,8 @@ from components.config import LabConfig, Node
 from components.rendering import read_file, render_template
 
 APISERVER_PORT = 6443
+# The VIP's port that reaches SSH on the first healthy control plane (the cluster-wide steps).
+CONTROL_PLANE_SSH_PORT = 2222
 # HAProxy checks each apiserver with GET /healthz over TLS (seed 004: HTTP checks, not TCP).
 HEALTH_CHECK_URI = "/healthz"
 HEALTH_CHECK_INTER = "2s"
@@ -95,6 +97,7 @@ def render_haproxy_cfg(cfg: LabConfig, *, paths: BalancerPaths = PRODUCTION_PATH
         balancer_names=", ".join(b.name for b in cfg.balancers),
         vip=cfg.load_balancer.vip,
         port=APISERVER_PORT,
+        ssh_port=CONTROL_PLANE_SSH_PORT,
         control_planes=cfg.control_planes,
         stats_socket=paths.stats_socket,
         retries=RETRIES,

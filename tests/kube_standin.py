@@ -1,0 +1,1072 @@
+"""Stand-ins for kubeadm, kubectl, etcdctl, crictl, curl and arping over one modelled cluster.
+
+tests/shell_harness.py puts a wrapper for each of these commands on PATH; the wrapper logs the
+call and runs `python kube_standin.py <command> <args>`. Every node of a scenario shares one
+state file (`cluster.json` in HARNESS_CLUSTER); what is on a node's disk lives under that node's
+fake root (LABS_K8S_ROOT). The model follows kubeadm's real behaviour, phase by phase, so that a
+script can be killed half-way and its guard judged on what kubeadm really leaves behind:
+
+- `kubeadm init` runs its phases in the order of kubernetes/kubernetes
+  cmd/kubeadm/app/cmd/init.go (newCmdInit, AppendPhase list, 1.31+): preflight, certs,
+  kubeconfig, etcd, control-plane, kubelet-start, wait-control-plane, upload-config,
+  upload-certs, mark-control-plane, bootstrap-token, kubelet-finalize, addon,
+  show-join-command. It does not roll back: dying after `kubeconfig` leaves pki/ and every
+  *.conf (admin.conf included) and nothing else.
+- `kubeadm join` follows cmd/kubeadm/app/cmd/join.go (newCmdJoin): preflight,
+  control-plane-prepare (download-certs, certs, kubeconfig, control-plane), check-etcd,
+  kubelet-start (writes kubelet.conf: phases/join/kubelet.go), etcd-join (adds the member as a
+  learner, writes the etcd manifest, promotes it: phases/join/controlplanejoin.go,
+  util/etcd/etcd.go addMember/MemberPromote), kubelet-wait-bootstrap, control-plane-join
+  (mark-control-plane), wait-control-plane. addMember skips the add when a member with the same
+  peer URL exists (util/etcd/etcd.go: "Skipping etcd member addition").
+- `kubeadm init phase upload-certs` stores the kubeadm-certs Secret owned by a bootstrap token
+  with a 2 h TTL (constants.DefaultCertTokenDuration, phases/copycerts/copycerts.go
+  createShortLivedBootstrapToken): when the token expires the token cleaner deletes it and the
+  garbage collector takes the Secret with it. Bootstrap tokens live 24 h
+  (constants.DefaultTokenDuration).
+- `kubeadm token create` fails with `a token with id "<id>" already exists`
+  (phases/bootstraptoken/node/token.go CreateNewTokens -> UpdateOrCreateTokens(failIfExists=true));
+  `kubeadm init phase bootstrap-token` updates an existing token in place (failIfExists=false)
+  and recreates the bootstrapper RBAC and the cluster-info ConfigMap (phases/init/bootstraptoken.go).
+- `kubeadm reset` removes this node's etcd member when it can (phases/reset/removeetcdmember.go),
+  then cleans /etc/kubernetes, /var/lib/kubelet and /var/lib/etcd (phases/reset/cleanupnode.go).
+  It does not delete the Node object.
+
+Tests tell the model to die after a phase (`die` in the state), to let time pass (`now`), to
+take a host down, or which balancers hold the VIP. Certificates are real (openssl), so the CA
+hash and certificate expiry are computed by the scripts as on a node.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HOUR = 3600.0
+CERT_TOKEN_TTL = 2 * HOUR  # constants.DefaultCertTokenDuration
+TOKEN_TTL = 24 * HOUR  # constants.DefaultTokenDuration
+
+INIT_PHASES = (
+    "preflight", "certs", "kubeconfig", "etcd", "control-plane", "kubelet-start", "wait-control-plane",
+    "upload-config", "upload-certs", "mark-control-plane", "bootstrap-token", "kubelet-finalize", "addon",
+    "show-join-command",
+)  # fmt: skip
+JOIN_PHASES = (
+    "preflight", "control-plane-prepare", "check-etcd", "kubelet-start", "etcd-join", "kubelet-wait-bootstrap",
+    "control-plane-join", "wait-control-plane",
+)  # fmt: skip
+# Phases that need the API server (everything after wait-control-plane in init).
+API_PHASES = {"upload-config", "upload-certs", "mark-control-plane", "bootstrap-token", "addon"}
+
+CONFS = ("admin.conf", "super-admin.conf", "kubelet.conf", "controller-manager.conf", "scheduler.conf")
+CONTROL_PLANE_MANIFESTS = ("kube-apiserver.yaml", "kube-controller-manager.yaml", "kube-scheduler.yaml")
+BOOTSTRAP_RBAC = (
+    "clusterrolebinding/kubeadm:kubelet-bootstrap",
+    "clusterrolebinding/kubeadm:node-autoapprove-bootstrap",
+    "clusterrolebinding/kubeadm:node-autoapprove-certificate-rotation",
+    "clusterrolebinding/kubeadm:get-nodes",
+    "role/kube-public/kubeadm:bootstrap-signer-clusterinfo",
+    "rolebinding/kube-public/kubeadm:bootstrap-signer-clusterinfo",
+)
+
+
+class Fail(Exception):
+    """A command failure: message to stderr, exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------------------------------- state
+
+
+def empty_state() -> dict[str, Any]:
+    return {
+        "now": 1_800_000_000.0,
+        "vip": "10.3.60.100",
+        "cert_days": 365,
+        "hosts": {},  # name -> {ip, role, root, up, kubelet}
+        "balancers": {},  # name -> {mac, holds_vip, haproxy}
+        "nodes": {},  # Node objects: name -> {labels, unschedulable}
+        "objects": {},  # "kind/ns/name" -> {...}: configmaps, secrets, deployments, daemonsets, rbac
+        "members": [],  # etcd: {id, name, peer, learner}
+        "die": {},  # host -> {"init"|"join"|"reset": phase}
+        "cni": False,
+        "status_override": None,  # canned `endpoint status` JSON for leader/term edge cases
+    }
+
+
+class Cluster:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.path = directory / "cluster.json"
+        self.s: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[Cluster]:
+        with open(self.dir / "cluster.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.s = json.loads(self.path.read_text()) if self.path.exists() else empty_state()
+            self.collect_garbage()
+            try:
+                yield self
+            finally:
+                self.path.write_text(json.dumps(self.s, indent=1, sort_keys=True))
+
+    # -------------------------------------------------------------- time and garbage collection
+    @property
+    def now(self) -> float:
+        return float(self.s["now"])
+
+    def collect_garbage(self) -> None:
+        """The token cleaner deletes expired bootstrap tokens; the GC deletes what they owned."""
+        objects = self.s["objects"]
+        for key in [k for k, v in objects.items() if v.get("expires") and v["expires"] <= self.now]:
+            del objects[key]
+        for key in [k for k, v in objects.items() if v.get("owner") and v["owner"] not in objects]:
+            del objects[key]
+
+    # -------------------------------------------------------------- hosts
+    def host(self, name: str) -> dict[str, Any]:
+        if name not in self.s["hosts"]:
+            raise Fail(f"unknown host {name}")
+        return self.s["hosts"][name]
+
+    def host_by_ip(self, ip: str) -> str | None:
+        for name, host in self.s["hosts"].items():
+            if host["ip"] == ip:
+                return name
+        return None
+
+    def root(self, name: str) -> Path:
+        return Path(self.host(name)["root"])
+
+    def has(self, name: str, relative: str) -> bool:
+        return (self.root(name) / relative.lstrip("/")).exists()
+
+    def peer_url(self, name: str) -> str:
+        return f"https://{self.host(name)['ip']}:2380"
+
+    def member_of(self, name: str) -> dict[str, Any] | None:
+        peer = self.peer_url(name)
+        return next((m for m in self.s["members"] if m["peer"] == peer), None)
+
+    def etcd_running(self, name: str) -> bool:
+        host = self.host(name)
+        member = self.member_of(name)
+        return bool(
+            host["up"]
+            and host["kubelet"]
+            and self.has(name, "/etc/kubernetes/manifests/etcd.yaml")
+            and member is not None
+            and member.get("data") == self.data_id(name)
+        )
+
+    def data_id(self, name: str) -> str | None:
+        """What is in /var/lib/etcd/member on that host (a wiped disk is not the old member)."""
+        path = self.root(name) / "var/lib/etcd/member/id"
+        return path.read_text().strip() if path.exists() else None
+
+    def voting(self) -> list[dict[str, Any]]:
+        return [m for m in self.s["members"] if not m["learner"]]
+
+    def running_member(self, member: dict[str, Any]) -> bool:
+        host = self.host_by_ip(member["peer"].split("//")[1].split(":")[0])
+        return host is not None and self.etcd_running(host)
+
+    def etcd_quorum(self) -> bool:
+        voting = self.voting()
+        healthy = [m for m in voting if self.running_member(m)]
+        return bool(voting) and len(healthy) >= len(voting) // 2 + 1
+
+    def apiserver_running(self, name: str) -> bool:
+        host = self.host(name)
+        return bool(
+            host["up"]
+            and host["kubelet"]
+            and self.has(name, "/etc/kubernetes/manifests/kube-apiserver.yaml")
+            and self.etcd_quorum()
+        )
+
+    def control_plane_hosts(self) -> list[str]:
+        return [n for n, h in self.s["hosts"].items() if h["role"] == "control-plane"]
+
+    def vip_answers(self) -> bool:
+        """HAProxy on the VIP forwards to any control plane whose apiserver is healthy."""
+        return self.vip_held() and any(self.apiserver_running(n) for n in self.control_plane_hosts())
+
+    def vip_holders(self) -> list[str]:
+        return [n for n, b in self.s["balancers"].items() if b["holds_vip"]]
+
+    def vip_held(self) -> bool:
+        return any(self.s["balancers"][n]["haproxy"] for n in self.vip_holders())
+
+    def api_answers(self, address: str, local: str) -> bool:
+        if address in (self.s["vip"],):
+            return self.vip_answers()
+        if address in ("127.0.0.1", "localhost"):
+            return self.apiserver_running(local)
+        host = self.host_by_ip(address)
+        return host is not None and self.apiserver_running(host)
+
+    # -------------------------------------------------------------- objects
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.s["objects"].get(key)
+
+    def put(self, key: str, value: dict[str, Any] | None = None) -> None:
+        self.s["objects"][key] = value or {}
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def run_openssl(*args: str, stdin: bytes | None = None) -> bytes:
+    return subprocess.run(["openssl", *args], input=stdin, capture_output=True, check=True).stdout
+
+
+def ensure_ca(cluster: Cluster) -> tuple[Path, Path]:
+    pki = cluster.dir / "pki"
+    crt, key = pki / "ca.crt", pki / "ca.key"
+    if not crt.exists():
+        pki.mkdir(exist_ok=True)
+        run_openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(crt),
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=kubernetes",
+        )
+    return crt, key
+
+
+def ca_hash(crt: Path) -> str:
+    pub = run_openssl("x509", "-in", str(crt), "-noout", "-pubkey")
+    der = run_openssl("pkey", "-pubin", "-outform", "DER", stdin=pub)
+    digest = run_openssl("dgst", "-sha256", "-hex", stdin=der).decode().split()[-1]
+    return f"sha256:{digest}"
+
+
+def client_cert(cluster: Cluster, cn: str) -> tuple[str, str]:
+    """A real client certificate (base64 PEM) signed by the cluster CA, valid `cert_days`."""
+    crt, key = ensure_ca(cluster)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        run_openssl(
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            str(t / "k"),
+            "-out",
+            str(t / "csr"),
+            "-subj",
+            f"/O=kubeadm:cluster-admins/CN={cn}",
+        )
+        run_openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(t / "csr"),
+            "-CA",
+            str(crt),
+            "-CAkey",
+            str(key),
+            "-CAcreateserial",
+            "-out",
+            str(t / "c"),
+            "-days",
+            str(cluster.s["cert_days"]),
+        )
+        return base64.b64encode((t / "c").read_bytes()).decode(), base64.b64encode((t / "k").read_bytes()).decode()
+
+
+def write(root: Path, relative: str, text: str, mode: int = 0o600) -> None:
+    path = root / relative.lstrip("/")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def kubeconfig_text(cluster: Cluster, server: str, user: str) -> str:
+    ca, _ = ensure_ca(cluster)
+    cert, key = client_cert(cluster, user)
+    import yaml
+
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "labs-k8s",
+                    "cluster": {
+                        "certificate-authority-data": base64.b64encode(ca.read_bytes()).decode(),
+                        "server": server,
+                    },
+                }
+            ],
+            "users": [{"name": user, "user": {"client-certificate-data": cert, "client-key-data": key}}],
+            "contexts": [{"name": f"{user}@labs-k8s", "context": {"cluster": "labs-k8s", "user": user}}],
+            "current-context": f"{user}@labs-k8s",
+        },
+        sort_keys=False,
+    )
+
+
+def flag(args: list[str], name: str) -> str | None:
+    for index, arg in enumerate(args):
+        if arg == name and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def load_documents(path: str) -> dict[str, dict[str, Any]]:
+    import yaml  # only kubeadm reads YAML: kubectl, crictl and curl start faster without it
+
+    try:
+        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+    except FileNotFoundError:
+        raise Fail(f"unable to read config from {path!r}") from None
+    return {d["kind"]: d for d in docs}
+
+
+def kubeconfig_server(path: str) -> str:
+    if not Path(path).exists():
+        raise Fail(f"error: stat {path}: no such file or directory")
+    text = Path(path).read_text()
+    match = re.search(r"server:\s*(\S+)", text)
+    if not match:
+        raise Fail(f"error: no server in {path}")
+    return match.group(1)
+
+
+# ---------------------------------------------------------------------------------------- kubeadm
+
+
+class Kubeadm:
+    def __init__(self, cluster: Cluster, host: str, args: list[str]) -> None:
+        self.c = cluster
+        self.host = host
+        self.root = cluster.root(host)
+        self.args = args
+
+    def die_after(self, workflow: str, phase: str) -> None:
+        plan = self.c.s["die"].get(self.host, {})
+        if plan.get(workflow) == phase:
+            del plan[workflow]
+            phases = INIT_PHASES if workflow == "init" else JOIN_PHASES
+            if phase in phases and phase != phases[-1]:
+                following = phases[phases.index(phase) + 1]
+            else:
+                following = phase.split("/")[0]
+            raise Fail(f"error execution phase {following}: the stand-in was told to die after {phase}")
+
+    def config(self) -> dict[str, dict[str, Any]]:
+        path = flag(self.args, "--config")
+        if path is None:
+            raise Fail("this stand-in needs --config")
+        return load_documents(path)
+
+    # -------------------------------------------------------------- init phases
+    def require_api(self, phase: str) -> None:
+        if not self.c.apiserver_running(self.host):
+            raise Fail(
+                f"error execution phase {phase}: unable to create a new client: "
+                f'Get "https://127.0.0.1:6443/version": dial tcp 127.0.0.1:6443: connect: connection refused'
+            )
+
+    def init_phase(self, phase: str, cfg: dict[str, dict[str, Any]]) -> None:
+        init = cfg.get("InitConfiguration", {})
+        cluster_cfg = cfg.get("ClusterConfiguration", {})
+        if phase in API_PHASES:
+            self.require_api(phase)
+        if phase == "preflight":
+            problems = [
+                f"[ERROR FileAvailable--etc-kubernetes-manifests-{m}]: /etc/kubernetes/manifests/{m} already exists"
+                for m in (*CONTROL_PLANE_MANIFESTS, "etcd.yaml")
+                if self.c.has(self.host, f"/etc/kubernetes/manifests/{m}")
+            ]
+            if any((self.root / "var/lib/etcd").glob("*")):
+                problems.append("[ERROR DirAvailable--var-lib-etcd]: /var/lib/etcd is not empty")
+            if problems:
+                raise Fail(
+                    "error execution phase preflight: [preflight] Some fatal errors occurred:\n" + "\n".join(problems)
+                )
+        elif phase == "certs":
+            ensure_ca(self.c)
+            pki = self.root / "etc/kubernetes/pki"
+            pki.mkdir(parents=True, exist_ok=True)
+            for name in ("ca.crt", "ca.key"):
+                if not (pki / name).exists():
+                    shutil.copy(self.c.dir / "pki" / name, pki / name)
+            for name in (
+                "sa.key",
+                "sa.pub",
+                "front-proxy-ca.crt",
+                "etcd/ca.crt",
+                "apiserver.crt",
+                "etcd/healthcheck-client.crt",
+                "etcd/server.crt",
+            ):
+                if not (pki / name).exists():
+                    write(pki, name, f"{name}\n")
+        elif phase == "kubeconfig":
+            endpoint = "https://" + cluster_cfg.get("controlPlaneEndpoint", "127.0.0.1:6443")
+            for conf in CONFS:
+                path = self.root / "etc/kubernetes" / conf
+                if path.exists():
+                    continue
+                if conf == "admin.conf":  # the only one whose certificate the scripts read
+                    write(
+                        self.root, "/etc/kubernetes/admin.conf", kubeconfig_text(self.c, endpoint, "kubernetes-admin")
+                    )
+                else:
+                    write(self.root, f"/etc/kubernetes/{conf}", f"clusters:\n- cluster:\n    server: {endpoint}\n")
+        elif phase == "etcd":
+            write(self.root, "/etc/kubernetes/manifests/etcd.yaml", "kind: Pod # etcd\n")
+            if not self.c.s["members"]:  # a new single-member cluster (initial-cluster-state new)
+                self.add_member(learner=False)
+        elif phase == "control-plane":
+            for manifest in CONTROL_PLANE_MANIFESTS:
+                write(self.root, f"/etc/kubernetes/manifests/{manifest}", f"kind: Pod # {manifest}\n")
+        elif phase == "kubelet-start":
+            self.kubelet_start()
+            # The kubelet registers its Node as soon as the API server it just started answers.
+            self.register_node()
+        elif phase == "wait-control-plane":
+            if not self.c.apiserver_running(self.host):
+                raise Fail("error execution phase wait-control-plane: the control plane did not come up")
+            self.register_node()
+        elif phase == "upload-config":
+            self.c.put("configmap/kube-system/kubeadm-config")
+            self.c.put("configmap/kube-system/kubelet-config")
+        elif phase == "upload-certs":
+            if "--upload-certs" not in self.args:
+                return  # kubeadm skips the phase without --upload-certs
+            key = init.get("certificateKey") or secrets.token_hex(32)
+            owner = f"secret/kube-system/bootstrap-token-{secrets.token_hex(3)}"
+            self.c.put(
+                owner,
+                {
+                    "expires": self.c.now + CERT_TOKEN_TTL,
+                    "description": "Proxy for managing TTL for the kubeadm-certs secret",
+                },
+            )
+            self.c.put("secret/kube-system/kubeadm-certs", {"owner": owner, "key": key})
+            if "--skip-certificate-key-print" not in self.args:
+                print(f"[upload-certs] Using certificate key:\n{key}")
+        elif phase == "mark-control-plane":
+            self.c.s["nodes"].setdefault(self.host, {"labels": {}})["labels"][
+                "node-role.kubernetes.io/control-plane"
+            ] = ""
+        elif phase == "bootstrap-token":
+            for token in init.get("bootstrapTokens", []):
+                self.update_or_create_token(token, fail_if_exists=False)
+            for name in BOOTSTRAP_RBAC:
+                self.c.put(name)
+            self.c.s["objects"].setdefault("configmap/kube-public/cluster-info", {})
+            if "--skip-token-print" not in self.args:
+                for token in init.get("bootstrapTokens", []):
+                    print(f"[bootstrap-token] Using token: {token['token']}")
+        elif phase == "kubelet-finalize":
+            conf = self.root / "etc/kubernetes/kubelet.conf"
+            if conf.exists() and "kubelet-client-current.pem" not in conf.read_text():
+                conf.write_text(
+                    conf.read_text() + "# client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n"
+                )
+        elif phase == "addon":
+            which = self.args[self.args.index("addon") + 1] if "addon" in self.args[:3] else "all"
+            if which in ("all", "coredns"):
+                self.c.put("deployment/kube-system/coredns")
+            if which in ("all", "kube-proxy"):
+                self.c.put("daemonset/kube-system/kube-proxy")
+        elif phase == "show-join-command":
+            pass
+        else:
+            raise Fail(f"unknown phase {phase}")
+
+    def add_member(self, learner: bool) -> None:
+        data = secrets.token_hex(8)
+        member_id = int(secrets.token_hex(8), 16)
+        self.c.s["members"].append(
+            {
+                "id": member_id,
+                "name": self.host if not learner else "",
+                "peer": self.c.peer_url(self.host),
+                "learner": learner,
+                "data": data,
+            }
+        )
+        write(self.root, "/var/lib/etcd/member/id", data + "\n")
+
+    def kubelet_start(self) -> None:
+        write(self.root, "/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n")
+        write(self.root, "/var/lib/kubelet/kubeadm-flags.env", "KUBELET_KUBEADM_ARGS=\n")
+        self.c.host(self.host)["kubelet"] = True
+
+    def register_node(self) -> None:
+        self.c.s["nodes"].setdefault(self.host, {"labels": {}})
+
+    def update_or_create_token(self, token: dict[str, Any], fail_if_exists: bool) -> None:
+        token_id = token["token"].split(".")[0]
+        key = f"secret/kube-system/bootstrap-token-{token_id}"
+        if fail_if_exists and self.c.get(key) is not None:
+            raise Fail(
+                f"failed to create or update bootstrap token with name bootstrap-token-{token_id}: "
+                f'a token with id "{token_id}" already exists'
+            )
+        ttl = token.get("ttl", "24h0m0s")
+        hours = float(re.match(r"(\d+)h", ttl).group(1)) if re.match(r"(\d+)h", ttl) else 24.0
+        self.c.put(
+            key,
+            {
+                "expires": self.c.now + hours * HOUR if hours else None,
+                "secret": token["token"],
+                "description": token.get("description", ""),
+            },
+        )
+
+    def init(self) -> None:
+        cfg = self.config()
+        for phase in INIT_PHASES:
+            self.init_phase(phase, cfg)
+            self.die_after("init", phase)
+
+    def phase(self) -> None:
+        index = self.args.index("phase")
+        name = self.args[index + 1]
+        if self.args[0] != "init":
+            raise Fail("this stand-in models `kubeadm init phase` only")
+        self.init_phase(name, self.config())
+
+    # -------------------------------------------------------------- join
+    def join(self) -> None:
+        cfg = self.config()["JoinConfiguration"]
+        control_plane = "controlPlane" in cfg
+        discovery = cfg["discovery"]["bootstrapToken"]
+        node_name = cfg["nodeRegistration"]["name"]
+        if node_name != self.host:
+            raise Fail(f"nodeRegistration.name {node_name} is not this host {self.host}")
+        # preflight (phases/join/preflight.go, RunJoinNodeChecks)
+        problems = [
+            f"[ERROR FileAvailable--etc-kubernetes-{f}]: /etc/kubernetes/{f} already exists"
+            for f in ("kubelet.conf", "bootstrap-kubelet.conf")
+            if self.c.has(self.host, f"/etc/kubernetes/{f}")
+        ]
+        problems += [
+            f"[ERROR FileAvailable--etc-kubernetes-manifests-{m}]: already exists"
+            for m in (*CONTROL_PLANE_MANIFESTS, "etcd.yaml")
+            if control_plane and self.c.has(self.host, f"/etc/kubernetes/manifests/{m}")
+        ]
+        if control_plane and any((self.root / "var/lib/etcd").glob("*")):
+            problems.append("[ERROR DirAvailable--var-lib-etcd]: /var/lib/etcd is not empty")
+        if problems:
+            raise Fail(
+                "error execution phase preflight: [preflight] Some fatal errors occurred:\n" + "\n".join(problems)
+            )
+        # discovery: the token must be valid, the CA must match the pinned hash.
+        endpoint = discovery["apiServerEndpoint"].split(":")[0]
+        if not self.c.api_answers(endpoint, self.host):
+            raise Fail(
+                f"error execution phase preflight: couldn't validate the identity of the API Server: "
+                f'Get "https://{discovery["apiServerEndpoint"]}/api/v1/namespaces/kube-public/configmaps/'
+                'cluster-info": dial tcp: connect: connection refused'
+            )
+        token_id = discovery["token"].split(".")[0]
+        token = self.c.get(f"secret/kube-system/bootstrap-token-{token_id}")
+        if token is None or token.get("secret") != discovery["token"]:
+            raise Fail(
+                "error execution phase preflight: couldn't validate the identity of the API Server: "
+                f'token id "{token_id}" is invalid for this cluster or it has expired. Use "kubeadm token '
+                'create" on the control-plane node to create a new valid token'
+            )
+        crt, _ = ensure_ca(self.c)
+        if ca_hash(crt) not in discovery.get("caCertHashes", []):
+            raise Fail(
+                "error execution phase preflight: couldn't validate the identity of the API Server: "
+                "cluster CA found in cluster-info ConfigMap is invalid: none of the public keys match the pins"
+            )
+        self.die_after("join", "preflight")
+        if control_plane:
+            certs = self.c.get("secret/kube-system/kubeadm-certs")
+            if certs is None:
+                raise Fail(
+                    "error execution phase control-plane-prepare/download-certs: error downloading certs: "
+                    'error downloading the secret: secrets "kubeadm-certs" not found'
+                )
+            if certs.get("key") != cfg["controlPlane"].get("certificateKey"):
+                raise Fail(
+                    "error execution phase control-plane-prepare/download-certs: error downloading certs: "
+                    "error decoding certificate key: cipher: message authentication failed"
+                )
+            self.init_phase("certs", {})
+            self.init_phase(
+                "kubeconfig", {"ClusterConfiguration": {"controlPlaneEndpoint": discovery["apiServerEndpoint"]}}
+            )
+            (self.root / "etc/kubernetes/super-admin.conf").unlink(missing_ok=True)  # init only
+            for manifest in CONTROL_PLANE_MANIFESTS:
+                write(self.root, f"/etc/kubernetes/manifests/{manifest}", f"kind: Pod # {manifest}\n")
+        self.die_after("join", "control-plane-prepare")
+        if control_plane and not self.c.etcd_quorum():
+            raise Fail("error execution phase check-etcd: etcd cluster is not healthy")
+        self.die_after("join", "check-etcd")
+        # kubelet-start: TLS bootstrap writes kubelet.conf; the kubelet registers the Node.
+        write(self.root, "/etc/kubernetes/bootstrap-kubelet.conf", "bootstrap\n")
+        self.kubelet_start()
+        write(
+            self.root,
+            "/etc/kubernetes/kubelet.conf",
+            f"clusters:\n- cluster:\n    server: https://{discovery['apiServerEndpoint']}\n"
+            "# client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n",
+        )
+        (self.root / "etc/kubernetes/bootstrap-kubelet.conf").unlink()
+        if not (self.root / "etc/kubernetes/pki/ca.crt").exists():
+            write(self.root, "/etc/kubernetes/pki/ca.crt", crt.read_text(), 0o644)
+        self.register_node()
+        self.die_after("join", "kubelet-start")
+        if control_plane:
+            member = self.c.member_of(self.host)
+            if member is None:
+                self.add_member(learner=True)
+            else:
+                print(
+                    f"[etcd] The peer URL {member['peer']} for the added etcd member already exists. "
+                    "Skipping etcd member addition"
+                )
+            write(self.root, "/etc/kubernetes/manifests/etcd.yaml", "kind: Pod # etcd\n")
+            member = self.c.member_of(self.host)
+            if member is not None and member.get("data") == self.c.data_id(self.host):
+                member["name"] = self.host  # etcd started: the member publishes its name
+            # "etcd-join/learner": died waiting to promote the started learner (util/etcd MemberPromote).
+            self.die_after("join", "etcd-join/learner")
+            self.die_after("join", "etcd-join")
+            member = self.c.member_of(self.host)
+            if member is None or member.get("data") != self.c.data_id(self.host):
+                raise Fail(
+                    "error execution phase etcd-join: error creating local etcd static pod manifest file: "
+                    "timeout waiting for etcd cluster to be available"
+                )
+            member.update(learner=False, name=self.host)  # MemberPromote
+        self.die_after("join", "kubelet-wait-bootstrap")
+        if control_plane:
+            self.init_phase("mark-control-plane", {})
+            self.die_after("join", "control-plane-join")
+            if not self.c.apiserver_running(self.host):
+                raise Fail("error execution phase wait-control-plane: the control plane did not come up")
+        self.die_after("join", "wait-control-plane")
+
+    # -------------------------------------------------------------- reset
+    def reset(self) -> None:
+        if "-f" not in self.args and "--force" not in self.args:
+            raise Fail("this stand-in needs -f")
+        # remove-etcd-member: only from a control plane whose admin.conf reaches the API.
+        if self.c.has(self.host, "/etc/kubernetes/manifests/etcd.yaml"):
+            member = self.c.member_of(self.host)
+            if member is not None:
+                if (
+                    self.c.has(self.host, "/etc/kubernetes/admin.conf")
+                    and self.c.vip_answers()
+                    and self.c.etcd_quorum()
+                ):
+                    self.c.s["members"].remove(member)
+                    print(f"[reset] Removing member {member['id']:x} from the etcd cluster")
+                else:
+                    print(
+                        "[reset] WARNING: failed to remove etcd member: the etcd member of this node stays",
+                        file=sys.stderr,
+                    )
+        for relative in ("etc/kubernetes/manifests", "etc/kubernetes/pki", "var/lib/kubelet", "var/lib/etcd"):
+            shutil.rmtree(self.root / relative, ignore_errors=True)
+        for conf in (*CONFS, "bootstrap-kubelet.conf"):
+            (self.root / "etc/kubernetes" / conf).unlink(missing_ok=True)
+        host = self.c.host(self.host)
+        host.update(kubelet=False)
+
+    # -------------------------------------------------------------- token, certs
+    def token(self) -> None:
+        verb = self.args[1]
+        if verb == "list":
+            for key, obj in sorted(self.c.s["objects"].items()):
+                if key.startswith("secret/kube-system/bootstrap-token-") and obj.get("secret"):
+                    print(f"{obj['secret']}   23h   expires   authentication,signing   {obj.get('description', '')}")
+        elif verb == "create":
+            init = self.config().get("InitConfiguration", {})
+            self.require_api("token create")
+            for token in init.get("bootstrapTokens", []):
+                self.update_or_create_token(token, fail_if_exists=True)
+                print(token["token"])
+        else:
+            raise Fail(f"unmodelled: kubeadm token {verb}")
+
+    def certs(self) -> None:
+        if self.args[1:3] != ["renew", "admin.conf"]:
+            raise Fail(f"unmodelled: kubeadm {' '.join(self.args)}")
+        text = Path(self.root / "etc/kubernetes/admin.conf").read_text()
+        server = re.search(r"server:\s*(\S+)", text).group(1)
+        write(self.root, "/etc/kubernetes/admin.conf", kubeconfig_text(self.c, server, "kubernetes-admin"))
+        print("certificate embedded in the kubeconfig file for the admin to use and for kubeadm itself renewed")
+
+    def run(self) -> None:
+        verb = self.args[0] if self.args else ""
+        if verb == "config" and self.args[1:3] == ["images", "list"]:
+            print(
+                "\n".join(
+                    (
+                        "registry.k8s.io/kube-apiserver:v1.36.0",
+                        "registry.k8s.io/coredns/coredns:v1.13.1",
+                        "registry.k8s.io/pause:3.10.1",
+                        "registry.k8s.io/etcd:3.6.6-0",
+                    )
+                )
+            )
+        elif verb == "init" and len(self.args) > 1 and self.args[1] == "phase":
+            self.phase()
+        elif verb == "init":
+            self.init()
+        elif verb == "join":
+            self.join()
+        elif verb == "reset":
+            self.reset()
+        elif verb == "token":
+            self.token()
+        elif verb == "certs":
+            self.certs()
+        else:
+            raise Fail(f"unmodelled: kubeadm {' '.join(self.args)}")
+
+
+# ---------------------------------------------------------------------------------------- etcdctl
+
+
+def etcdctl(cluster: Cluster, on_host: str, args: list[str]) -> None:
+    """etcdctl run inside the etcd container of `on_host` (kubectl exec or crictl exec)."""
+    c = cluster
+    if not c.etcd_running(on_host):
+        raise Fail(f'error: unable to upgrade connection: container not found ("etcd" on {on_host})')
+    words = [a for a in args if not a.startswith("--")]
+    if not c.etcd_quorum():
+        raise Fail("Error: context deadline exceeded")
+    if words[:2] == ["member", "list"]:
+        if flag(args, "-w") == "json" or flag(args, "--write-out") == "json":
+            raise Fail("unmodelled: member list -w json (the scripts read the simple format: hex IDs)")
+        # etcdctl printer_simple.go MemberList: ID, status, name, peer URLs, client URLs, is learner.
+        for m in c.s["members"]:
+            client = m["peer"].replace(":2380", ":2379") if m["name"] else ""
+            status = "started" if m["name"] else "unstarted"
+            print(f"{m['id']:x}, {status}, {m['name']}, {m['peer']}, {client}, {str(m['learner']).lower()}")
+    elif words[:2] == ["member", "remove"]:
+        member_id = int(words[2], 16)
+        member = next((m for m in c.s["members"] if m["id"] == member_id), None)
+        if member is None:
+            raise Fail(f"Error: etcdserver: member not found ({words[2]})")
+        remaining = [m for m in c.voting() if m is not member]
+        started = [m for m in remaining if c.running_member(m)]
+        # --strict-reconfig-check (default on): the removal must leave a quorum of started members.
+        if remaining and len(started) < len(remaining) // 2 + 1:
+            raise Fail("Error: etcdserver: re-configuration failed due to not enough started members")
+        c.s["members"].remove(member)
+        print(f"Member {member_id:x} removed from cluster 1c7c1f3c2d5b4a6e")
+    elif words[:2] == ["endpoint", "status"]:
+        if c.s.get("status_override"):
+            print(c.s["status_override"])
+            return
+        running = [m for m in c.s["members"] if c.running_member(m)]
+        leader = min(m["id"] for m in running if not m["learner"])
+        print(
+            json.dumps(
+                [
+                    {
+                        "Endpoint": m["peer"].replace(":2380", ":2379"),
+                        "Status": {
+                            "header": {"cluster_id": 17237436991929493444, "member_id": m["id"], "raft_term": 4},
+                            "leader": leader,
+                            "raftTerm": 4,
+                            "isLearner": m["learner"],
+                        },
+                    }
+                    for m in running
+                ]
+            )
+        )
+        if len(running) < len(c.s["members"]):
+            raise Fail("Failed to get the status of endpoint(s): context deadline exceeded")
+    elif words[:2] == ["endpoint", "health"]:
+        health = [
+            {"endpoint": m["peer"].replace(":2380", ":2379"), "health": c.running_member(m), "took": "9ms"}
+            for m in c.s["members"]
+            if m["name"]
+        ]
+        print(json.dumps(health))
+        if not all(h["health"] for h in health):
+            raise Fail("Error: unhealthy cluster")
+    else:
+        raise Fail(f"unmodelled: etcdctl {' '.join(args)}")
+
+
+# ---------------------------------------------------------------------------------------- kubectl
+
+
+def pods(c: Cluster) -> list[dict[str, Any]]:
+    items = []
+    for name in c.control_plane_hosts():
+        host = c.host(name)
+        for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"):
+            manifest = "etcd.yaml" if component == "etcd" else f"{component}.yaml"
+            if not c.has(name, f"/etc/kubernetes/manifests/{manifest}") or name not in c.s["nodes"]:
+                continue
+            running = (
+                c.etcd_running(name)
+                if component == "etcd"
+                else (c.apiserver_running(name) if component == "kube-apiserver" else host["up"] and host["kubelet"])
+            )
+            items.append(
+                {
+                    "metadata": {
+                        "name": f"{component}-{name}",
+                        "namespace": "kube-system",
+                        "labels": {"component": component},
+                    },
+                    "spec": {"nodeName": name},
+                    "status": {"phase": "Running" if running else "Pending"},
+                }
+            )
+    return items
+
+
+def node_ready(c: Cluster, name: str) -> bool:
+    host = c.s["hosts"].get(name)
+    return bool(host and host["up"] and host["kubelet"] and c.s["cni"])
+
+
+def kubectl(c: Cluster, local: str, args: list[str]) -> None:
+    kubeconfig = flag(args, "--kubeconfig")
+    if kubeconfig is None:
+        raise Fail("error: this stand-in needs --kubeconfig")
+    server = kubeconfig_server(kubeconfig)
+    address = server.split("//")[1].split(":")[0]
+    if not c.api_answers(address, local):
+        raise Fail(
+            f"The connection to the server {server.split('//')[1]} was refused - did you specify the right "
+            "host or port?"
+        )
+    namespace = flag(args, "-n") or flag(args, "--namespace") or "default"
+    if "--" in args:
+        words, tail = args[: args.index("--")], args[args.index("--") + 1 :]
+    else:
+        words, tail = args, []
+    words = [
+        w
+        for i, w in enumerate(words)
+        if not w.startswith("-")
+        and not (
+            i > 0
+            and words[i - 1]
+            in (
+                "-n",
+                "--namespace",
+                "--kubeconfig",
+                "-o",
+                "-c",
+                "-l",
+                "--request-timeout",
+                "--timeout",
+                "--grace-period",
+                "--from-literal",
+            )
+        )
+    ]
+    output = flag(args, "-o")
+    verb = words[0]
+    if verb == "exec":
+        pod = words[1]
+        host = pod.removeprefix("etcd-")
+        if tail[:1] != ["etcdctl"]:
+            raise Fail("unmodelled exec")
+        etcdctl(c, host, tail[1:])
+    elif verb == "get":
+        kind, name = words[1], (words[2] if len(words) > 2 else None)
+        kind = {"nodes": "node", "pods": "pod", "configmaps": "configmap", "cm": "configmap"}.get(kind, kind)
+        if kind == "node":
+            items = [
+                {
+                    "metadata": {"name": n, "labels": v.get("labels", {})},
+                    "spec": {"unschedulable": v.get("unschedulable", False)},
+                    "status": {"conditions": [{"type": "Ready", "status": "True" if node_ready(c, n) else "False"}]},
+                }
+                for n, v in sorted(c.s["nodes"].items())
+            ]
+        elif kind == "pod":
+            items = pods(c)
+            selector = flag(args, "-l")
+            if selector:
+                key, value = selector.split("=")
+                items = [p for p in items if p["metadata"]["labels"].get(key) == value]
+        else:
+            ns_part = "" if kind.startswith("cluster") or kind == "node" else f"{namespace}/"
+            prefix = f"{kind}/{ns_part}"
+            items = [
+                {"metadata": {"name": k[len(prefix) :]}, **v} for k, v in c.s["objects"].items() if k.startswith(prefix)
+            ]
+            if kind == "deployment":
+                for item in items:
+                    ready = any(node_ready(c, n) for n in c.s["nodes"])
+                    item["status"] = {"conditions": [{"type": "Available", "status": "True" if ready else "False"}]}
+        if name is not None:
+            items = [i for i in items if i["metadata"]["name"] == name]
+            if not items:
+                if "--ignore-not-found" in args:
+                    return
+                raise Fail(f'Error from server (NotFound): {kind}s "{name}" not found')
+        if output == "name":
+            for item in items:
+                print(f"{kind}/{item['metadata']['name']}")
+        elif output == "json":
+            print(json.dumps(items[0] if name is not None else {"items": items}))
+        else:
+            for item in items:
+                print(item["metadata"]["name"])
+    elif verb in ("drain", "cordon"):
+        name = words[1]
+        if name not in c.s["nodes"]:
+            raise Fail(f'Error from server (NotFound): nodes "{name}" not found')
+        c.s["nodes"][name]["unschedulable"] = True
+        if verb == "drain":
+            code = c.s.get("drain_exit", {}).get("force" if "--disable-eviction" in args else "evict", 0)
+            if code:
+                raise Fail(
+                    "error when evicting pods: Cannot evict pod as it would violate the pod's disruption budget", code
+                )
+            print(f"node/{name} drained")
+    elif verb == "delete":
+        kind, name = words[1], words[2]
+        if kind == "node":
+            if c.s["nodes"].pop(name, None) is None and "--ignore-not-found" not in args:
+                raise Fail(f'Error from server (NotFound): nodes "{name}" not found')
+        else:
+            key = f"{kind}/{namespace}/{name}"
+            if c.s["objects"].pop(key, None) is None and "--ignore-not-found" not in args:
+                raise Fail(f'Error from server (NotFound): {kind}s "{name}" not found')
+    elif verb == "create":
+        kind, name = words[1], words[2]
+        key = f"{kind}/{namespace}/{name}"
+        if key in c.s["objects"]:
+            raise Fail(f'Error from server (AlreadyExists): {kind}s "{name}" already exists')
+        c.put(key)
+    elif verb == "apply":
+        c.s["cni"] = True
+        c.put("daemonset/kube-flannel/kube-flannel-ds")
+    elif verb == "rollout":
+        code = c.s.get("rollout_exit", 0)
+        if code:
+            raise Fail("error: timed out waiting for the condition", code)
+    else:
+        raise Fail(f"unmodelled: kubectl {' '.join(args)}")
+
+
+# ---------------------------------------------------------------------------------------- others
+
+
+def crictl(c: Cluster, local: str, args: list[str]) -> None:
+    if args[:1] == ["ps"]:
+        if c.etcd_running(local) and flag(args, "--name") == "etcd":
+            print(f"etcd{c.data_id(local)}")
+    elif args[:1] == ["exec"]:
+        rest = [a for a in args[1:] if a not in ("-i", "-t")]
+        if not rest or not rest[0].startswith("etcd") or not c.etcd_running(local):
+            raise Fail("FATA[0000] execing command in container: container not found")
+        if rest[1] != "etcdctl":
+            raise Fail("unmodelled crictl exec")
+        etcdctl(c, local, rest[2:])
+    else:
+        raise Fail(f"unmodelled: crictl {' '.join(args)}")
+
+
+def curl(c: Cluster, local: str, args: list[str]) -> None:
+    quiet = any(a.startswith("-") and not a.startswith("--") and "s" in a and "S" not in a for a in args)
+    try:
+        _curl(c, local, args)
+    except Fail as failure:
+        raise Fail("" if quiet else str(failure), failure.code) from None
+
+
+def _curl(c: Cluster, local: str, args: list[str]) -> None:
+    url = next(a for a in args if a.startswith("https://"))
+    address = url.split("//")[1].split(":")[0]
+    if address == c.s["vip"] and not c.vip_held():
+        raise Fail("curl: (28) Connection timed out", 28)
+    if c.api_answers(address, local):
+        print("ok")
+        return
+    if address == c.s["vip"]:
+        # HAProxy accepts and closes when no apiserver is healthy: the TLS handshake fails.
+        raise Fail("curl: (35) OpenSSL SSL_connect: SSL_ERROR_SYSCALL", 35)
+    raise Fail("curl: (7) Failed to connect", 7)
+
+
+def arping(c: Cluster, args: list[str]) -> None:
+    target = args[-1]
+    if target != c.s["vip"]:
+        raise Fail("unmodelled arping target")
+    holders = c.vip_holders()
+    for name in holders:
+        print(f"Unicast reply from {target} [{c.s['balancers'][name]['mac']}]  0.712ms")
+    print(f"Sent 3 probes (1 broadcast(s))\nReceived {len(holders) * 3} response(s)")
+    if not holders:
+        raise Fail("", 1)
+
+
+def main(argv: list[str]) -> int:
+    command, args = argv[1], argv[2:]
+    cluster = Cluster(Path(os.environ["HARNESS_CLUSTER"]))
+    local = os.environ["HARNESS_NODE"]
+    try:
+        with cluster.locked():
+            if command == "kubeadm":
+                Kubeadm(cluster, local, args).run()
+            elif command == "kubectl":
+                kubectl(cluster, local, args)
+            elif command == "crictl":
+                crictl(cluster, local, args)
+            elif command == "curl":
+                curl(cluster, local, args)
+            elif command == "arping":
+                arping(cluster, args)
+            else:
+                raise Fail(f"no stand-in for {command}")
+    except Fail as failure:
+        if str(failure):
+            print(str(failure), file=sys.stderr)
+        return failure.code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

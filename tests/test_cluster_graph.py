@@ -1,0 +1,133 @@
+"""What the program decides from its previous state, under the mock engine.
+
+Each test runs the real program twice: once to produce a "previous deployment" (the state
+`pulumi:pulumi:readStackResourceOutputs` returns, components/previous_state.py), then again with a
+config change or a changed state, and compares what each resource would receive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pulumi
+import pytest
+
+from components.offline import OfflineRun, RecordingMonitor, run_program
+from components.previous_state import READ_STACK_RESOURCE_OUTPUTS
+
+
+def run(namespace: dict[str, Any] | None = None, previous: dict[str, Any] | None = None,
+        sink: list[RecordingMonitor] | None = None) -> OfflineRun:
+    overrides = {f"labs-k8s:{k}": v for k, v in (namespace or {}).items()}
+    return run_program("labs", overrides=overrides, previous=previous, monitor_sink=sink)
+
+
+def changed_inputs(before: OfflineRun, after: OfflineRun) -> set[str]:
+    return {
+        reg.name for reg in before.registrations.values()
+        if reg.custom and reg.name in {r.name for r in after.registrations.values()}
+        and reg.plain_inputs != after.by_name(reg.name).plain_inputs
+    }
+
+
+def without(state: dict[str, Any], name: str) -> dict[str, Any]:
+    return {urn: entry for urn, entry in state.items() if not urn.endswith(f"::{name}")}
+
+
+def edited(state: dict[str, Any], name: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    copy = {urn: {"type": e["type"], "outputs": dict(e["outputs"])} for urn, e in state.items()}
+    for urn, entry in copy.items():
+        if urn.endswith(f"::{name}"):
+            change(entry["outputs"])
+    return copy
+
+
+def control_planes(lab_namespace: dict[str, Any], count: int, first: int = 1) -> dict[str, Any]:
+    nodes = lab_namespace["nodes"]
+    nodes["controlPlanes"]["hosts"] = [
+        {"name": f"labs-k8s-m0{i}", "ip": f"10.3.60.{60 + i}"} for i in range(first, first + count)]
+    return nodes
+
+
+def test_the_program_reads_its_previous_state_before_registering_anything(offline_run: OfflineRun) -> None:
+    assert offline_run.calls[0][0] == READ_STACK_RESOURCE_OUTPUTS
+    assert offline_run.calls[0][1] == {"stackName": "organization/labs-k8s/labs"}
+
+
+def test_a_second_up_with_no_change_changes_nothing(offline_run: OfflineRun) -> None:
+    again = run(previous=offline_run.previous_state())
+    assert changed_inputs(offline_run, again) == set()
+
+
+def test_a_join_retried_in_a_later_up_gets_fresh_join_material(offline_run: OfflineRun) -> None:
+    """The last `up` ran m02's refresh but its join failed (not in the state): this `up` re-runs
+    the refresh (the kubeadm-certs Secret is 2 h old at most then), and only what follows it."""
+    failed_join = without(offline_run.previous_state(), "labs-k8s-m02-kubeadm-join")
+    retry = run(previous=failed_join)
+    refresh = retry.by_name("labs-k8s-m02-refresh-join-material")
+    assert "join-attempt:2" in refresh.plain_inputs["triggers"]
+    assert "join-attempt:1" in offline_run.by_name("labs-k8s-m02-refresh-join-material").plain_inputs["triggers"]
+    assert changed_inputs(offline_run, retry) == {"labs-k8s-m02-refresh-join-material"}
+
+    # A join that left a failed state behind (stdout is not "joined") counts as pending too.
+    partial = edited(offline_run.previous_state(), "labs-k8s-w01-kubeadm-join", lambda o: o.update(stdout=""))
+    assert changed_inputs(offline_run, run(previous=partial)) == {"labs-k8s-w01-refresh-join-material"}
+
+    # Once that join finished, the next `up` keeps the attempt number: no diff.
+    done = retry.previous_state()
+    assert changed_inputs(retry, run(previous=done)) == set()
+
+
+@pytest.mark.parametrize(("before", "after", "first_after"), [(3, 1, 1), (5, 1, 1), (5, 3, 4), (3, 3, 3)],
+                         ids=["3->1", "5->1", "5->3-three-replaced", "3-all-replaced"])
+def test_a_change_that_would_drop_etcd_below_quorum_is_refused_before_anything_is_registered(
+    lab_namespace: dict[str, Any], before: int, after: int, first_after: int
+) -> None:
+    previous = run({"nodes": control_planes(lab_namespace, before)}).previous_state()
+    nodes = control_planes(lab_namespace, after, first=first_after)
+    namespace = {"nodes": nodes}
+    if after == 1:
+        namespace["kubernetes"] = dict(lab_namespace["kubernetes"], allowSingleControlPlane=True)
+    sink: list[RecordingMonitor] = []
+    with pytest.raises(pulumi.RunError) as caught:
+        run(namespace, previous=previous, sink=sink)
+    message = str(caught.value)
+    assert "labs-k8s:nodes.controlPlanes.hosts" in message
+    assert f"of the {before} control planes" in message and f"at least {before // 2 + 1} of them stay" in message
+    assert sink[0].registrations == {}
+
+
+@pytest.mark.parametrize(("before", "after"), [(5, 3), (3, 5), (1, 3)])
+def test_changes_that_keep_a_quorum_are_accepted(lab_namespace: dict[str, Any], before: int, after: int) -> None:
+    namespace: dict[str, Any] = {"nodes": control_planes(lab_namespace, before)}
+    if before == 1:
+        namespace["kubernetes"] = dict(lab_namespace["kubernetes"], allowSingleControlPlane=True)
+    previous = run(namespace).previous_state()
+    shrunk = run({"nodes": control_planes(lab_namespace, after)}, previous=previous)
+    names = {r.name for r in shrunk.registrations.values()}
+    assert {f"labs-k8s-m0{i}-kubeadm-join" for i in range(1, after + 1)} <= names
+    if after < before:
+        # The removed control planes' leave guards are not registered: the engine deletes them
+        # (their deletes remove the etcd members) before their VMs, last one first.
+        assert not {f"labs-k8s-m0{i}-leave-cluster" for i in range(after + 1, before + 1)} & names
+
+
+def test_a_new_stack_and_an_unreadable_state_skip_the_checks(lab_namespace: dict[str, Any]) -> None:
+    assert run({"nodes": control_planes(lab_namespace, 3)}, previous={}).by_name("labs-k8s-m01-kubeadm-join")
+
+
+@pytest.mark.parametrize(("valid_until", "renewed"), [("2099-01-01T00:00:00Z", False),
+                                                      ("2000-01-01T00:00:00Z", True)])
+def test_the_kubeconfig_is_re_exported_before_its_certificate_lapses(
+    offline_run: OfflineRun, valid_until: str, renewed: bool
+) -> None:
+    assert offline_run.stack_outputs["kubeconfigValidUntil"] == "2099-01-01T00:00:00Z"
+    previous = offline_run.previous_state()
+    for entry in previous.values():
+        if entry["type"] == "pulumi:pulumi:Stack":
+            entry["outputs"]["kubeconfigValidUntil"] = valid_until
+    again = run(previous=previous)
+    assert changed_inputs(offline_run, again) == ({"kubeconfig"} if renewed else set())
+    if renewed:
+        assert "kubeconfig-renewal:2" in again.by_name("kubeconfig").plain_inputs["triggers"]

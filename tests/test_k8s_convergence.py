@@ -1,0 +1,585 @@
+"""The cluster steps converge: each scenario runs the real scripts twice against one modelled
+cluster (tests/kube_standin.py: kubeadm's real phase order, TTLs, etcd membership) and asserts
+that the second run finishes the job and which commands it issued.
+
+Cluster-wide steps (refresh, flannel, verify, kubeconfig, leave, teardown guard) run where the
+VIP's SSH port lands them: the first control plane whose API server answers (ClusterLab.cluster_node,
+HAProxy's `balance first`). Which host a step connects to is asserted on the graph in
+tests/test_program.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from components.config import LabConfig, Node, Role
+from components.rendering import k8s
+from tests.labs import make_lab_config, make_lab_config_with
+from tests.requirements import require_tool, unavailable
+from tests.shell_harness import TEST_CERTIFICATE_KEY, TEST_TOKEN, ClusterLab, ShellHarness, modes
+
+VIP = "10.3.60.100"
+LB01_MAC, LB02_MAC = "00:50:56:00:00:50", "00:50:56:00:00:56"
+
+
+def with_hosts(role: str, hosts: list[tuple[str, str]]) -> LabConfig:
+    """The stack's config with `nodes.<role>.hosts` replaced."""
+
+    def change(raw: dict) -> None:
+        raw["nodes"][role]["hosts"] = [{"name": name, "ip": ip} for name, ip in hosts]
+
+    return make_lab_config_with(change)
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
+def failed(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode != 0, f"expected a failure\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
+def no_secrets(*texts: str) -> None:
+    for text in texts:
+        for secret in (TEST_TOKEN, TEST_TOKEN.split(".")[1], TEST_CERTIFICATE_KEY):
+            assert secret not in text
+
+
+class Scenario:
+    """The lab of one LabConfig over the model: balancers, control planes, workers."""
+
+    def __init__(self, tmp_path: Path, cfg: LabConfig) -> None:
+        require_tool("bash", "openssl", "jq", "timeout")
+        self.cfg = cfg
+        self.lab = ClusterLab(tmp_path, vip=str(cfg.load_balancer.vip))
+        self.lab.add_balancer("labs-k8s-lb01", LB01_MAC, holds_vip=True)
+        self.lab.add_balancer("labs-k8s-lb02", LB02_MAC, holds_vip=False)
+        for node in cfg.kubernetes_nodes:
+            harness = self.lab.add_node(node.name, str(node.ip), node.role.value)
+            if harness.missing_tools:
+                unavailable(f"the shell harness needs {', '.join(harness.missing_tools)} on PATH")
+        self.first = cfg.control_planes[0]
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.cfg.kubernetes_nodes if n.name == name)
+
+    def h(self, name: str) -> ShellHarness:
+        return self.lab.nodes[name]
+
+    # -------------------------------------------------------------- the steps, as cluster.py wires them
+    def init(self) -> subprocess.CompletedProcess[str]:
+        h = self.h(self.first.name)
+        h.install_step(k8s.init_files(self.cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY))
+        return h.run(k8s.INIT_ENTRYPOINT)
+
+    def refresh(self, joining: str) -> subprocess.CompletedProcess[str]:
+        h = self.lab.cluster_node()
+        h.install_step(k8s.refresh_files(self.cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, self.node(joining)))
+        return h.run(k8s.REFRESH_ENTRYPOINT)
+
+    def join(self, name: str, ca_hash: str) -> subprocess.CompletedProcess[str]:
+        node = self.node(name)
+        h = self.h(name)
+        if node.role is Role.CONTROL_PLANE:
+            h.install_step(k8s.control_plane_join_files(self.cfg, node, TEST_TOKEN, TEST_CERTIFICATE_KEY))
+            return h.run(k8s.CONTROL_PLANE_JOIN_ENTRYPOINT, ca_hash)
+        h.install_step(k8s.worker_join_files(self.cfg, node, TEST_TOKEN))
+        return h.run(k8s.WORKER_JOIN_ENTRYPOINT, ca_hash)
+
+    def refresh_and_join(self, name: str) -> subprocess.CompletedProcess[str]:
+        return self.join(name, ok(self.refresh(name)).stdout.strip())
+
+    def cluster_step(self, files: dict[str, str], entrypoint: str, *args: str) -> subprocess.CompletedProcess[str]:
+        h = self.lab.cluster_node()
+        h.install_step(files)
+        return h.run(entrypoint, *args)
+
+    def leave(self, node: Node) -> subprocess.CompletedProcess[str]:
+        return self.cluster_step(k8s.leave_files(node), k8s.LEAVE_ENTRYPOINT)
+
+    def flannel(self) -> subprocess.CompletedProcess[str]:
+        return self.cluster_step(k8s.flannel_files(self.cfg), k8s.FLANNEL_ENTRYPOINT)
+
+    def verify(self, timeout: int = 20) -> subprocess.CompletedProcess[str]:
+        files = k8s.verify_files(self.cfg)
+        files[k8s.PARAMS_FILE] = files[k8s.PARAMS_FILE].replace(
+            f"VERIFY_TIMEOUT_SECONDS={k8s.VERIFY_TIMEOUT_SECONDS}", f"VERIFY_TIMEOUT_SECONDS={timeout}"
+        )
+        return self.cluster_step(files, k8s.VERIFY_ENTRYPOINT)
+
+    def bring_up(self) -> None:
+        """The first `up`: init, every control plane in turn (the first one included), workers, Flannel."""
+        assert ok(self.init()).stdout == "initialized\n"
+        for node in self.cfg.control_planes:
+            ok(self.refresh_and_join(node.name))
+        for node in self.cfg.workers:
+            ok(self.refresh_and_join(node.name))
+        ok(self.flannel())
+        for h in self.lab.nodes.values():
+            h.reset_log()
+
+    def voting_members(self) -> list[str]:
+        return sorted(m["name"] for m in self.lab.members() if not m["learner"] and m["name"])
+
+    def node_objects(self) -> list[str]:
+        return sorted(self.lab.state()["nodes"])
+
+
+def kubeadm_calls(h: ShellHarness) -> list[list[str]]:
+    """kubeadm invocations without the step-directory paths: what was run, in order."""
+    return [[arg for arg in call[1:] if not arg.startswith(str(h.base))] for call in h.calls("kubeadm")]
+
+
+@pytest.fixture
+def lab(tmp_path: Path, lab_config: LabConfig) -> Iterator[Scenario]:
+    yield Scenario(tmp_path, lab_config)
+
+
+@pytest.fixture
+def up(lab: Scenario) -> Scenario:
+    lab.bring_up()
+    return lab
+
+
+# ------------------------------------------------------------------ kubeadm-init.sh
+
+
+def test_first_up_creates_the_cluster_and_every_control_plane_is_a_voting_member(lab: Scenario) -> None:
+    m01 = lab.h("labs-k8s-m01")
+    result = ok(lab.init())
+    assert result.stdout == "initialized\n"
+    assert kubeadm_calls(m01) == [
+        ["init", "--config", "--upload-certs", "--skip-token-print", "--skip-certificate-key-print"]
+    ]
+    no_secrets(result.stdout, result.stderr, *(p.read_text() for p in m01.step.glob("*.log")))
+    assert (m01.root / "root/.kube/config").read_text() == (m01.root / "etc/kubernetes/admin.conf").read_text()
+    assert modes(m01.root / "root/.kube/config") == 0o600
+
+    # m01's own join step finds it a voting member already.
+    m01.reset_log()
+    assert ok(lab.refresh_and_join("labs-k8s-m01")).stdout == "already-joined\n"
+    assert not any(call[1] == "join" for call in m01.calls("kubeadm"))
+    for node in ("labs-k8s-m02", "labs-k8s-m03", "labs-k8s-w01", "labs-k8s-w02"):
+        assert ok(lab.refresh_and_join(node)).stdout == "joined\n"
+    assert lab.voting_members() == ["labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03"]
+    ok(lab.flannel())
+    assert ok(lab.verify()).stdout == "cluster-ok\n"
+
+    # A second `up` (every step re-run): nothing is created again.
+    for h in lab.lab.nodes.values():
+        h.reset_log()
+    assert ok(lab.init()).stdout == "already-initialized\n"
+    for node in lab.cfg.kubernetes_nodes:
+        assert ok(lab.refresh_and_join(node.name)).stdout == "already-joined\n"
+    for h in lab.lab.nodes.values():
+        assert not [c for c in h.calls("kubeadm") if c[1] in ("init", "join", "reset") and c[2:3] != ["phase"]]
+
+
+# kubeadm init dies after each of these phases; what it leaves behind differs (it never rolls back).
+FINISH_AFTER = {
+    # Only pki/ and the *.conf files exist: everything from the etcd manifest on is missing.
+    "kubeconfig": ["etcd", "control-plane", "kubelet-start", "upload-config", "upload-certs", "mark-control-plane",
+                   "bootstrap-token", "kubelet-finalize", "addon", "addon"],
+    # The API answers, so the old guard ("admin.conf and the local API") called this initialised.
+    "wait-control-plane": ["upload-config", "upload-certs", "mark-control-plane", "bootstrap-token",
+                           "kubelet-finalize", "addon", "addon"],
+    "bootstrap-token": ["kubelet-finalize", "addon", "addon"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("died_after", list(FINISH_AFTER))
+def test_a_half_finished_init_is_finished_on_the_next_run(lab: Scenario, died_after: str) -> None:
+    m01 = lab.h("labs-k8s-m01")
+    lab.lab.die_after("labs-k8s-m01", "init", died_after)
+    first = failed(lab.init())
+    assert "the next 'pulumi up' finishes the phases that are missing" in first.stderr
+    assert (m01.root / "etc/kubernetes/admin.conf").exists(), "kubeadm writes admin.conf early and keeps it"
+
+    m01.reset_log()
+    second = ok(lab.init())
+    assert second.stdout == "initialized\n"
+    phases = [call[2] for call in kubeadm_calls(m01) if call[:2] == ["init", "phase"]]
+    assert phases == FINISH_AFTER[died_after]
+    assert not [c for c in kubeadm_calls(m01) if c[:1] == ["init"] and c[1:2] != ["phase"]], "no second kubeadm init"
+    if "upload-certs" in FINISH_AFTER[died_after]:
+        assert ["init", "phase", "upload-certs", "--upload-certs", "--skip-certificate-key-print", "--config"] in \
+            kubeadm_calls(m01)
+    no_secrets(second.stdout, second.stderr, *(p.read_text() for p in m01.step.glob("*.log")))
+    objects = lab.lab.objects()
+    for key in ("configmap/kube-system/kubeadm-config", "configmap/kube-public/cluster-info",
+                "clusterrolebinding/kubeadm:kubelet-bootstrap", "secret/kube-system/kubeadm-certs",
+                "deployment/kube-system/coredns", "daemonset/kube-system/kube-proxy",
+                f"secret/kube-system/bootstrap-token-{TEST_TOKEN.split('.')[0]}"):
+        assert key in objects, key
+
+    m01.reset_log()
+    assert ok(lab.init()).stdout == "already-initialized\n"
+    assert [c for c in kubeadm_calls(m01) if c[:1] == ["init"]] == []
+    # And the cluster it finished takes joins.
+    assert ok(lab.refresh_and_join("labs-k8s-m02")).stdout == "joined\n"
+
+
+@pytest.mark.parametrize(
+    ("balancers", "message"),
+    [
+        ({"labs-k8s-lb01": {"holds_vip": False}}, "nothing accepts connections on 10.3.60.100:6443 (curl exit 28)"),
+        ({"labs-k8s-lb02": {"holds_vip": True}}, "2 machines answer ARP for the VIP 10.3.60.100"),
+        ({"labs-k8s-lb01": {"haproxy": False}}, "nothing accepts connections on 10.3.60.100:6443"),
+    ],
+    ids=["no-holder", "split-brain", "haproxy-down"],
+)
+def test_init_refuses_to_start_behind_a_broken_balancer_pair(lab: Scenario, balancers: dict, message: str) -> None:
+    with lab.lab.edit() as state:
+        for name, change in balancers.items():
+            state["balancers"][name].update(change)
+    result = failed(lab.init())
+    assert message in result.stderr
+    assert "labs-k8s-lb01-lb-setup labs-k8s-lb02-lb-setup" in result.stderr
+    assert lab.h("labs-k8s-m01").calls("kubeadm") == []
+
+
+# ------------------------------------------------------------------ joins
+
+
+@pytest.mark.parametrize("died_after", ["kubelet-start", "etcd-join/learner", "control-plane-prepare"])
+def test_a_half_finished_control_plane_join_is_reset_and_joined_again(lab: Scenario, died_after: str) -> None:
+    ok(lab.init())
+    ok(lab.refresh_and_join("labs-k8s-m01"))
+    m02 = lab.h("labs-k8s-m02")
+    lab.lab.die_after("labs-k8s-m02", "join", died_after)
+    first = failed(lab.refresh_and_join("labs-k8s-m02"))
+    assert "The next 'pulumi up' refreshes the join material, resets this node" in first.stderr
+    if died_after == "kubelet-start":
+        # kubelet.conf exists (the old guard's "joined"), but no etcd member and no etcd manifest.
+        assert (m02.root / "etc/kubernetes/kubelet.conf").exists()
+        assert not (m02.root / "etc/kubernetes/manifests/etcd.yaml").exists()
+        assert lab.voting_members() == ["labs-k8s-m01"]
+    if died_after == "etcd-join/learner":
+        assert [m for m in lab.lab.members() if m["learner"]], "a learner member is left behind"
+
+    for h in lab.lab.nodes.values():
+        h.reset_log()
+    second = ok(lab.refresh_and_join("labs-k8s-m02"))
+    assert second.stdout == "joined\n"
+    calls = kubeadm_calls(m02)
+    assert calls == [["reset", "-f"], ["join", "--config"]]
+    removals = lab.h("labs-k8s-m02").calls_matching("kubectl", "member", "remove")
+    assert len(removals) == (1 if died_after == "etcd-join/learner" else 0)
+    assert lab.voting_members() == ["labs-k8s-m01", "labs-k8s-m02"]
+    assert len(lab.lab.members()) == 2, "no stale member left"
+    no_secrets(second.stdout, second.stderr)
+
+    m02.reset_log()
+    assert ok(lab.refresh_and_join("labs-k8s-m02")).stdout == "already-joined\n"
+    assert kubeadm_calls(m02) == []
+
+
+def test_a_worker_whose_node_never_registered_is_reset_and_joined_again(lab: Scenario) -> None:
+    ok(lab.init())
+    w01 = lab.h("labs-k8s-w01")
+    lab.lab.die_after("labs-k8s-w01", "join", "kubelet-start")
+    failed(lab.refresh_and_join("labs-k8s-w01"))
+    # The kubelet wrote kubelet.conf, then its Node was deleted (e.g. by a leave step) before the
+    # join finished: kubelet.conf alone is not "joined".
+    with lab.lab.edit() as state:
+        del state["nodes"]["labs-k8s-w01"]
+    w01.reset_log()
+    assert ok(lab.refresh_and_join("labs-k8s-w01")).stdout == "joined\n"
+    assert kubeadm_calls(w01) == [["reset", "-f"], ["join", "--config"]]
+    assert "labs-k8s-w01" in lab.node_objects()
+
+
+def test_a_join_that_cannot_tell_its_state_is_not_reset_on_a_guess(up: Scenario) -> None:
+    w02 = up.h("labs-k8s-w02")
+    hash_ = ok(up.refresh("labs-k8s-w02")).stdout.strip()
+    for name in ("labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03"):
+        up.lab.set_up(name, False)
+    result = failed(up.join("labs-k8s-w02", hash_))
+    assert "cannot tell whether this node finished joining" in result.stderr
+    assert kubeadm_calls(w02) == []
+
+
+def test_a_join_retried_after_the_join_material_expired_needs_a_fresh_refresh(up: Scenario) -> None:
+    """The refresh before a join is what makes a retried join work: 3 h later the kubeadm-certs
+    Secret is gone, 25 h later the token too. (That a retried join gets a fresh refresh in the same
+    `up` is the graph's job: tests/test_program.py.)"""
+    new = make_lab_config()
+    ca_hash = ok(up.refresh("labs-k8s-m03")).stdout.strip()
+    m03 = up.h("labs-k8s-m03")
+    # m03 was wiped and must join again (say its first join failed), 3 h after the last refresh.
+    m03_fresh = up.lab.replace_vm("labs-k8s-m03")
+    with up.lab.edit() as state:
+        state["members"] = [m for m in state["members"] if not m["peer"].startswith("https://10.3.60.53:")]
+    up.lab.advance(hours=3)
+    assert "secret/kube-system/kubeadm-certs" not in up.lab.objects(), "the 2 h owner token took the Secret"
+    stale = failed(up.join("labs-k8s-m03", ca_hash))
+    assert 'secrets "kubeadm-certs" not found' in stale.stderr
+    assert m03 is not m03_fresh
+    ok(up.leave(new.control_planes[2]))  # what the retried up's dependency chain does before the join
+    assert ok(up.refresh_and_join("labs-k8s-m03")).stdout == "joined\n"
+
+    up.lab.advance(hours=25)
+    fresh = up.lab.replace_vm("labs-k8s-w02")
+    ok(up.leave(up.node("labs-k8s-w02")))
+    assert f"secret/kube-system/bootstrap-token-{TEST_TOKEN.split('.')[0]}" not in up.lab.objects()
+    assert ok(up.refresh_and_join("labs-k8s-w02")).stdout == "joined\n"
+    assert fresh.calls_matching("kubeadm", "join")
+
+
+def test_two_workers_added_at_once_when_the_token_is_nearly_expired(tmp_path: Path) -> None:
+    """A day after init the token has minutes left: `kubeadm token create` would fail "already
+    exists"; both refreshes update it in place, both joins work."""
+    cfg = make_lab_config()
+    grown = with_hosts("workers", [("labs-k8s-w01", "10.3.60.54"), ("labs-k8s-w02", "10.3.60.55"),
+                                   ("labs-k8s-w03", "10.3.60.57"), ("labs-k8s-w04", "10.3.60.58")])
+    lab = Scenario(tmp_path, grown)
+    lab.cfg = cfg
+    lab.bring_up()
+    lab.cfg = grown
+    lab.lab.advance(hours=23.5)
+    cluster = lab.lab.cluster_node()
+    hashes = {name: ok(lab.refresh(name)).stdout.strip() for name in ("labs-k8s-w03", "labs-k8s-w04")}
+    for name in ("labs-k8s-w03", "labs-k8s-w04"):
+        assert ok(lab.join(name, hashes[name])).stdout == "joined\n"
+    assert cluster.calls_matching("kubeadm", "token", "create") == []
+    assert len(cluster.calls_matching("kubeadm", "init", "phase", "bootstrap-token", "--skip-token-print")) == 2
+    assert cluster.calls_matching("kubeadm", "init", "phase", "upload-certs") == [], "workers need no certificates"
+    token = lab.lab.objects()[f"secret/kube-system/bootstrap-token-{TEST_TOKEN.split('.')[0]}"]
+    assert token["expires"] - lab.lab.state()["now"] == pytest.approx(24 * 3600)
+
+
+def test_refresh_prints_the_ca_hash_and_keeps_secrets_out_of_its_logs(up: Scenario) -> None:
+    result = ok(up.refresh("labs-k8s-m02"))
+    cluster = up.lab.cluster_node()
+    ca = (cluster.root / "etc/kubernetes/pki/ca.crt").read_text()
+    assert result.stdout == spki_sha256(ca) + "\n"
+    assert cluster.calls_matching("kubeadm", "init", "phase", "upload-certs", "--skip-certificate-key-print")
+    no_secrets(result.stdout, result.stderr, *(p.read_text() for p in cluster.step.glob("*.log")))
+
+
+# ------------------------------------------------------------------ control planes come and go
+
+
+def test_a_replaced_first_control_plane_joins_and_leaves_no_stale_member(up: Scenario) -> None:
+    m01 = up.node("labs-k8s-m01")
+    # Before the old VM goes: its leave step (through the VIP: here m01 itself is still the first
+    # healthy control plane) deletes its Node and removes its etcd member through another member.
+    assert up.lab.cluster_node().node == "labs-k8s-m01"
+    assert ok(up.leave(m01)).stdout == "left\n"
+    assert up.voting_members() == ["labs-k8s-m02", "labs-k8s-m03"]
+    assert "labs-k8s-m01" not in up.node_objects()
+    removal = up.h("labs-k8s-m01").calls_matching("kubectl", "member", "remove")
+    assert removal and "etcd-labs-k8s-m01" not in removal[0], "removed through another member's etcd"
+
+    fresh = up.lab.replace_vm("labs-k8s-m01")
+    assert ok(up.init()).stdout == "cluster-exists\n"
+    assert fresh.calls("kubeadm") == []
+    assert up.lab.cluster_node().node == "labs-k8s-m02"
+    assert ok(up.refresh_and_join("labs-k8s-m01")).stdout == "joined\n"
+    assert up.voting_members() == ["labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03"]
+    assert len(up.lab.members()) == 3
+    assert ok(up.verify()).stdout == "cluster-ok\n"
+
+    fresh.reset_log()
+    assert ok(up.init()).stdout == "already-initialized\n"
+    assert ok(up.refresh_and_join("labs-k8s-m01")).stdout == "already-joined\n"
+    assert [c for c in kubeadm_calls(fresh) if c[:1] in (["init"], ["join"], ["reset"]) and c[1:2] != ["phase"]] == []
+
+
+def test_first_control_plane_down_while_a_worker_is_removed(up: Scenario) -> None:
+    up.lab.set_up("labs-k8s-m01", False)
+    cluster = up.lab.cluster_node()
+    assert cluster.node == "labs-k8s-m02"
+    assert ok(up.leave(up.node("labs-k8s-w02"))).stdout == "left\n"
+    assert cluster.calls_matching("kubectl", "drain", "labs-k8s-w02")
+    assert "labs-k8s-w02" not in up.node_objects()
+    assert up.h("labs-k8s-m01").calls() == []
+    assert ok(up.leave(up.node("labs-k8s-w02"))).stdout == "already-gone\n"
+
+
+def test_control_planes_five_to_three(tmp_path: Path) -> None:
+    five = with_hosts("controlPlanes", [(f"labs-k8s-m0{i}", f"10.3.60.{60 + i}") for i in range(1, 6)])
+    lab = Scenario(tmp_path, five)
+    lab.bring_up()
+    assert len(lab.voting_members()) == 5
+    # The leave steps are chained: m05's goes first, then m04's (cluster.py).
+    for name in ("labs-k8s-m05", "labs-k8s-m04"):
+        assert ok(lab.leave(lab.node(name))).stdout == "left\n"
+    assert lab.voting_members() == ["labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03"]
+    assert "labs-k8s-m04" not in lab.node_objects() and "labs-k8s-m05" not in lab.node_objects()
+    for name in ("labs-k8s-m04", "labs-k8s-m05"):
+        lab.lab.set_up(name, False)  # their VMs go
+    lab.cfg = with_hosts("controlPlanes", [(f"labs-k8s-m0{i}", f"10.3.60.{60 + i}") for i in range(1, 4)])
+    assert ok(lab.verify()).stdout == "cluster-ok\n"
+    # Running the leave again (a retried up) changes nothing.
+    assert ok(lab.leave(five.control_planes[4])).stdout == "already-gone\n"
+
+
+def test_leave_refuses_to_break_quorum(up: Scenario) -> None:
+    up.lab.set_up("labs-k8s-m03", False)
+    result = failed(up.leave(up.node("labs-k8s-m02")))
+    assert "would leave etcd without quorum" in result.stderr
+    assert up.voting_members() == ["labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03"]
+
+
+def test_a_replaced_worker_is_drained_and_deleted_before_it_joins_again(up: Scenario) -> None:
+    w01 = up.node("labs-k8s-w01")
+    assert ok(up.leave(w01)).stdout == "left\n"
+    cluster = up.lab.cluster_node()
+    drains = cluster.calls_matching("kubectl", "drain", "labs-k8s-w01")
+    assert drains and "--ignore-daemonsets" in drains[0] and "--timeout=180s" in drains[0]
+    assert "labs-k8s-w01" not in up.node_objects()
+    fresh = up.lab.replace_vm("labs-k8s-w01")
+    assert ok(up.refresh_and_join("labs-k8s-w01")).stdout == "joined\n"
+    assert kubeadm_calls(fresh) == [["join", "--config"]]
+    assert "labs-k8s-w01" in up.node_objects()
+    fresh.reset_log()
+    assert ok(up.refresh_and_join("labs-k8s-w01")).stdout == "already-joined\n"
+    assert kubeadm_calls(fresh) == []
+
+
+def test_leave_falls_back_to_deleting_pods_when_eviction_is_blocked(up: Scenario) -> None:
+    with up.lab.edit() as state:
+        state["drain_exit"] = {"evict": 1}
+    assert ok(up.leave(up.node("labs-k8s-w02"))).stdout == "left\n"
+    drains = up.lab.cluster_node().calls_matching("kubectl", "drain", "labs-k8s-w02")
+    assert len(drains) == 2 and "--disable-eviction" in drains[1]
+    assert "labs-k8s-w02" not in up.node_objects()
+
+
+def test_teardown_guard_makes_every_leave_a_no_op_and_clears_on_create(up: Scenario) -> None:
+    files = k8s.teardown_guard_files()
+    assert ok(up.cluster_step(files, k8s.TEARDOWN_ENTRYPOINT, "set")).stdout == "teardown-marked\n"
+    assert ok(up.cluster_step(files, k8s.TEARDOWN_ENTRYPOINT, "set")).stdout == "teardown-marked\n"
+    for node in up.cfg.kubernetes_nodes:
+        assert ok(up.leave(node)).stdout == "skipped-teardown\n"
+    assert up.lab.cluster_node().calls_matching("kubectl", "drain") == []
+    assert len(up.voting_members()) == 3
+    assert ok(up.cluster_step(files, k8s.TEARDOWN_ENTRYPOINT, "clear")).stdout == "teardown-cleared\n"
+    assert ok(up.leave(up.node("labs-k8s-w02"))).stdout == "left\n"
+
+
+def test_leave_fails_clearly_when_no_control_plane_answers(up: Scenario) -> None:
+    cluster = up.lab.cluster_node()
+    cluster.install_step(k8s.leave_files(up.node("labs-k8s-w02")))
+    for name in ("labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03"):
+        up.lab.set_up(name, False)
+    result = failed(cluster.run(k8s.LEAVE_ENTRYPOINT))
+    assert "whether the lab is being destroyed" in result.stderr
+    assert cluster.calls_matching("kubectl", "drain") == []
+
+
+# ------------------------------------------------------------------ verify, flannel, kubeconfig
+
+
+def test_verify_names_stale_and_unhealthy_members(up: Scenario) -> None:
+    ok(up.verify())
+    with up.lab.edit() as state:
+        # A member left by a VM deleted outside Pulumi (3 of 4 voting members still make a quorum),
+        # and one whose join never got as far as starting etcd.
+        state["members"].append({"id": 0x8E9E05C52164694D, "name": "labs-k8s-m09", "peer": "https://10.3.60.59:2380",
+                                 "learner": False, "data": "gone"})
+        state["members"].append({"id": 0x1D2C3B4A59687766, "name": "", "peer": "https://10.3.60.60:2380",
+                                 "learner": True, "data": None})
+    up.lab.set_up("labs-k8s-w02", False)
+    result = failed(up.verify(timeout=10))
+    for line in (
+        "etcd has 5 members, expected 3 (one per control plane: labs-k8s-m01 labs-k8s-m02 labs-k8s-m03)",
+        "etcd member labs-k8s-m09 (8e9e05c52164694d, https://10.3.60.59:2380) is stale: labs-k8s-m09 is not a "
+        "control plane in the config (remove it: etcdctl member remove 8e9e05c52164694d)",
+        "etcd member 1d2c3b4a59687766 (https://10.3.60.60:2380) never started",
+        "etcd member labs-k8s-m09 (https://10.3.60.59:2379) is not healthy",
+        "node labs-k8s-w02 is not Ready (Ready=False)",
+    ):
+        assert f"  - {line}" in result.stderr, line
+
+
+def test_verify_catches_leader_disagreement(up: Scenario) -> None:
+    ids = (10276657743932975437, 10276657743932975438)  # equal as doubles: jq must not see them as numbers
+    status = ",".join(
+        f'{{"Endpoint":"https://10.3.60.5{i + 1}:2379","Status":{{"header":{{"member_id":{member}}},'
+        f'"leader":{member},"raftTerm":{4 + i}}}}}' for i, member in enumerate(ids))
+    with up.lab.edit() as state:
+        state["status_override"] = f"[{status}]"
+    result = failed(up.verify(timeout=10))
+    for line in ("etcd has 2 members that are leader, expected exactly 1",
+                 "etcd members disagree on the leader (2 different leaders reported)",
+                 "etcd members are on 2 different raft terms"):
+        assert line in result.stderr
+
+
+def test_flannel_rollout_is_bounded(up: Scenario) -> None:
+    with up.lab.edit() as state:
+        state["rollout_exit"] = 1
+    result = failed(up.flannel())
+    assert "did not roll out within 300s" in result.stderr
+
+
+@pytest.mark.parametrize("days_left", [365, 10])
+def test_kubeconfig_says_until_when_it_is_valid_and_renews_before_it_lapses(tmp_path: Path, days_left: int) -> None:
+    lab = Scenario(tmp_path, make_lab_config())
+    with lab.lab.edit() as state:
+        state["cert_days"] = days_left
+    lab.bring_up()
+    with lab.lab.edit() as state:
+        state["cert_days"] = 365
+    result = ok(lab.cluster_step(k8s.kubeconfig_files(lab.cfg), k8s.KUBECONFIG_ENTRYPOINT))
+    cluster = lab.lab.cluster_node()
+    valid_until = k8s.kubeconfig_valid_until(result.stdout)
+    assert valid_until is not None and result.stdout.startswith("# labs-k8s: client certificate valid until ")
+    assert result.stdout.split("\n", 1)[1] == (cluster.root / "etc/kubernetes/admin.conf").read_text()
+    renewed = cluster.calls_matching("kubeadm", "certs", "renew", "admin.conf")
+    assert bool(renewed) == (days_left < k8s.KUBECONFIG_RENEW_BEFORE_DAYS)
+    expires_in_days = (int(subprocess.run(["date", "-u", "-d", valid_until, "+%s"], capture_output=True, text=True,
+                                          check=True).stdout) - int(subprocess.run(
+        ["date", "-u", "+%s"], capture_output=True, text=True, check=True).stdout)) / 86400
+    assert expires_in_days == pytest.approx(365 if renewed or days_left == 365 else days_left, abs=1)
+
+
+def test_kubeconfig_refuses_an_admin_conf_that_does_not_point_at_the_vip(up: Scenario) -> None:
+    cluster = up.lab.cluster_node()
+    admin = cluster.root / "etc/kubernetes/admin.conf"
+    admin.write_text(admin.read_text().replace(VIP, "10.3.60.51"))
+    cluster.install_step(k8s.kubeconfig_files(up.cfg))
+    result = failed(cluster.run(k8s.KUBECONFIG_ENTRYPOINT))
+    assert result.stdout == ""
+    assert "expected https://10.3.60.100:6443" in result.stderr
+
+
+# ------------------------------------------------------------------ the CA pin, computed independently
+
+
+def _der_header(der: bytes, offset: int) -> tuple[int, int]:
+    """(header length, content length) of the DER element at offset."""
+    first = der[offset + 1]
+    if first < 0x80:
+        return 2, first
+    count = first & 0x7F
+    return 2 + count, int.from_bytes(der[offset + 2 : offset + 2 + count], "big")
+
+
+def spki_sha256(pem: str) -> str:
+    """kubeadm's CA pin computed without openssl: sha256 of the certificate's SubjectPublicKeyInfo."""
+    der = base64.b64decode("".join(line for line in pem.splitlines() if not line.startswith("-----")))
+    header, _ = _der_header(der, 0)  # Certificate
+    position = header
+    header, _ = _der_header(der, position)  # tbsCertificate
+    position += header
+    if der[position] == 0xA0:  # [0] version
+        header, length = _der_header(der, position)
+        position += header + length
+    for _ in range(5):  # serialNumber, signature, issuer, validity, subject
+        header, length = _der_header(der, position)
+        position += header + length
+    header, length = _der_header(der, position)  # subjectPublicKeyInfo
+    assert re.fullmatch(r"[0-9a-f]*", der[position : position + 1].hex())
+    return "sha256:" + hashlib.sha256(der[position : position + header + length]).hexdigest()
