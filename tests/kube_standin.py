@@ -47,9 +47,7 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -234,6 +232,8 @@ class Cluster:
 
 
 def run_openssl(*args: str, stdin: bytes | None = None) -> bytes:
+    import subprocess  # kubeadm's certificates only: the other stand-ins start faster without it
+
     return subprocess.run(["openssl", *args], input=stdin, capture_output=True, check=True).stdout
 
 
@@ -271,6 +271,8 @@ def ca_hash(crt: Path) -> str:
 
 def client_cert(cluster: Cluster, cn: str) -> tuple[str, str]:
     """A real client certificate (base64 PEM) signed by the cluster CA, valid `cert_days`."""
+    import tempfile
+
     crt, key = ensure_ca(cluster)
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
@@ -375,8 +377,11 @@ class Kubeadm:
     def __init__(self, cluster: Cluster, host: str, args: list[str]) -> None:
         self.c = cluster
         self.host = host
-        self.root = cluster.root(host)
         self.args = args
+
+    @property
+    def root(self) -> Path:
+        return self.c.root(self.host)
 
     def die_after(self, workflow: str, phase: str) -> None:
         plan = self.c.s["die"].get(self.host, {})

@@ -427,6 +427,23 @@ class NetnsLab:
                                            f"sport = :{APISERVER_PORT}").stdout.strip()), 10):
             raise RuntimeError(f"apiserver stand-in {key} did not listen\n{self.log_tail()}")
 
+    def start_ssh_banner(self, key: str) -> None:
+        """A stand-in for the control plane's sshd on port 22: it greets with its node's name."""
+        if self.procs.get(f"ssh-{key}") is not None and self.procs[f"ssh-{key}"].poll() is None:
+            return
+        self._spawn(f"ssh-{key}", key, *self._helper("banner", "--name", self.apiserver_names[key], "--port", "22"))
+        ns = self.hosts[key].ns
+        listening = lambda: bool(run("ip", "netns", "exec", ns, "ss", "-Hltn", "sport = :22").stdout.strip())  # noqa: E731
+        if not wait_until(listening, 10):
+            raise RuntimeError(f"ssh banner stand-in {key} did not listen\n{self.log_tail()}")
+
+    def ssh_banner_via_vip(self, port: int) -> str:
+        """The greeting a client on the node network gets from VIP:port ('' when nothing answers)."""
+        code = ("import socket,sys\ntry:\n s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)\n"
+                " s.settimeout(2)\n print(s.recv(200).decode().strip())\nexcept OSError:\n print('')")
+        return run("ip", "netns", "exec", self.hosts["client"].ns, sys.executable, "-c", code, self.vip,
+                   str(port), check=False).stdout.strip()
+
     def stop_apiserver(self, key: str, sig: int = signal.SIGTERM) -> None:
         """SIGTERM: the stand-in closes its listener and finishes in-flight requests (as the real
         apiserver drains on shutdown); SIGKILL: it vanishes mid-request."""
@@ -848,6 +865,9 @@ def main(argv: list[str] | None = None) -> int:
     api.add_argument("--port", type=int, default=APISERVER_PORT)
     api.add_argument("--cert", required=True)
     api.add_argument("--key", required=True)
+    banner = sub.add_parser("banner", help="sshd stand-in: greet every connection with SSH-2.0-NAME")
+    banner.add_argument("--name", required=True)
+    banner.add_argument("--port", type=int, default=22)
     probe = sub.add_parser("probe", help="poll https://VIP:PORT/healthz, one JSON line per request")
     probe.add_argument("--vip", required=True)
     probe.add_argument("--port", type=int, default=APISERVER_PORT)
@@ -857,7 +877,18 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--duration", type=float, default=600)
     probe.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.mode == "banner":
+        return banner_main(args)
     return apiserver_main(args) if args.mode == "apiserver" else probe_main(args)
+
+
+def banner_main(args: argparse.Namespace) -> int:
+    listener = socket.create_server(("0.0.0.0", args.port), backlog=64)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(f"SSH-2.0-{args.name}\r\n".encode())
 
 
 @contextlib.contextmanager

@@ -239,7 +239,7 @@ class ShellHarness:
             real = shutil.which(tool)
             if real is None:
                 missing.append(tool)
-            else:
+            elif not (self.safe / tool).is_symlink():  # a copied node keeps its links
                 (self.safe / tool).symlink_to(real)
         self.missing_tools = missing
         for name, body in DEFAULT_STUBS.items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,22 @@ def no_secrets(*texts: str) -> None:
 
 class Scenario:
     """The lab of one LabConfig over the model: balancers, control planes, workers."""
+
+    @classmethod
+    def copy_of(cls, template: Scenario, tmp_path: Path) -> Scenario:
+        """A copy of another scenario's lab (its nodes' disks and the cluster), under tmp_path:
+        bringing a cluster up costs seconds of stand-in calls, copying it does not."""
+        shutil.copytree(template.lab.base, tmp_path, symlinks=True, dirs_exist_ok=True)
+        state = tmp_path / "cluster" / "cluster.json"
+        state.write_text(state.read_text().replace(str(template.lab.base), str(tmp_path)))
+        copy = cls.__new__(cls)
+        copy.cfg = template.cfg
+        copy.first = template.first
+        copy.lab = ClusterLab.__new__(ClusterLab)
+        copy.lab.base, copy.lab.dir = tmp_path, tmp_path / "cluster"
+        copy.lab.nodes = {name: ShellHarness(tmp_path / h.base.name, node=name, ip=h.ip, cluster=copy.lab.dir)
+                          for name, h in template.lab.nodes.items()}
+        return copy
 
     def __init__(self, tmp_path: Path, cfg: LabConfig) -> None:
         require_tool("bash", "openssl", "jq", "timeout")
@@ -144,10 +161,17 @@ def lab(tmp_path: Path, lab_config: LabConfig) -> Iterator[Scenario]:
     yield Scenario(tmp_path, lab_config)
 
 
+@pytest.fixture(scope="session")
+def brought_up(tmp_path_factory: pytest.TempPathFactory, lab_config: LabConfig) -> Scenario:
+    """The stack's lab after a first `up`, made once; each test gets its own copy (`up`)."""
+    template = Scenario(tmp_path_factory.mktemp("brought-up"), lab_config)
+    template.bring_up()
+    return template
+
+
 @pytest.fixture
-def up(lab: Scenario) -> Scenario:
-    lab.bring_up()
-    return lab
+def up(brought_up: Scenario, tmp_path: Path) -> Scenario:
+    return Scenario.copy_of(brought_up, tmp_path / "lab")
 
 
 # ------------------------------------------------------------------ kubeadm-init.sh

@@ -109,6 +109,32 @@ def test_apiserver_killed_leaves_rotation_without_failed_requests(lab: NetnsLab)
     assert "did not come back UP" not in result.notes, _explain(lab, result)
 
 
+def test_cluster_ssh_port_reaches_the_first_healthy_control_plane(lab: NetnsLab) -> None:
+    """The cluster-wide steps' SSH (VIP:2222, `balance first`): the first control plane whose
+    apiserver is healthy; the next one while it is not; the first again when it is back."""
+    from components.rendering.lb import CONTROL_PLANE_SSH_PORT
+
+    for key in lab.apiserver_keys:
+        lab.start_ssh_banner(key)
+    first, second = (lab.apiserver_names[k] for k in lab.apiserver_keys[:2])
+    assert wait_until_banner(lab, f"SSH-2.0-{first}", 10), lab.log_tail()
+    assert {lab.ssh_banner_via_vip(CONTROL_PLANE_SSH_PORT) for _ in range(5)} == {f"SSH-2.0-{first}"}
+    lab.stop_apiserver("m01", signal.SIGKILL)
+    try:
+        # Health check inter 2s fall 3: DOWN within about 6 s, sessions go to the next one.
+        assert wait_until_banner(lab, f"SSH-2.0-{second}", 15), lab.log_tail()
+    finally:
+        lab.start_apiserver("m01")
+        assert lab.wait_steady(timeout=20), lab.log_tail()
+    assert wait_until_banner(lab, f"SSH-2.0-{first}", 15), lab.log_tail()
+
+
+def wait_until_banner(lab: NetnsLab, banner: str, timeout: float) -> bool:
+    from components.rendering.lb import CONTROL_PLANE_SSH_PORT
+
+    return netns_lab.wait_until(lambda: lab.ssh_banner_via_vip(CONTROL_PLANE_SSH_PORT) == banner, timeout, 0.5)
+
+
 def test_leftovers_of_a_crashed_run_are_cleaned() -> None:
     _require_lab_tools()
     dead = subprocess.Popen(["true"])
