@@ -179,7 +179,7 @@ def test_a_haproxy_timeout_change_shows_on_both_balancers_and_nowhere_else(hapro
     outcome.assert_no_secret_in_clear()
 
 
-def test_an_added_worker_adds_its_machine_and_its_drain_step(project):
+def test_an_added_worker_adds_its_machine_and_its_leave_guard(project):
     def add_worker(text: str) -> str:
         return text.replace("        - {name: labs-k8s-w02, ip: 10.3.60.55}\n",
                             f"        - {{name: labs-k8s-w02, ip: 10.3.60.55}}\n"
@@ -191,7 +191,7 @@ def test_an_added_worker_adds_its_machine_and_its_drain_step(project):
     added = {(host, path) for host, path, status in files if status == "added"}
     assert {(NEW_WORKER, "cloud-init/user-data.yaml"), (NEW_WORKER, "steps/kubeadm-join/kubeadm-join.yaml"),
             (NEW_WORKER, "steps/prepare/prepare-node.sh"),
-            ("labs-k8s-m01", f"steps/drain-{NEW_WORKER}/drain-node.sh")} <= added
+            ("cluster-endpoint", f"steps/{NEW_WORKER}-leave-cluster/leave-cluster.sh")} <= added
     # Every file of the new machine is new; no other machine loses a file.
     assert {status for host, _, status in files if host == NEW_WORKER} == {"added"}
     assert not [f for f in files if f[2] == "removed"]
@@ -206,7 +206,7 @@ def test_an_added_worker_adds_its_machine_and_its_drain_step(project):
     # Resources: the machine and its steps are created, the workers' DRS rule takes it in.
     created = outcome.resources("create")
     assert {NEW_WORKER, f"{NEW_WORKER}-ready", f"{NEW_WORKER}-prepare", f"{NEW_WORKER}-kubeadm-join",
-            f"{NEW_WORKER}-drain-on-removal"} <= set(created)
+            f"{NEW_WORKER}-leave-cluster"} <= set(created)
     assert created[NEW_WORKER]["type"] == "vsphere:index/virtualMachine:VirtualMachine"
     assert all(name.startswith(NEW_WORKER) for name in created)
     rule = outcome.resources()["workers-anti-affinity"]  # how it changes is components.changes' call
@@ -329,7 +329,7 @@ def test_run_documents_compare_secrets_without_holding_them():
             assert registration.plain_inputs == after.registrations[urn].plain_inputs, registration.name
             assert sorted(registration.dependencies) == sorted(after.registrations[urn].dependencies)
     # The options survive the trip; a fingerprint depends on the key and never holds the value.
-    assert before.by_name("labs-k8s-w01-drain-on-removal").ignore_changes == ("stdin", "triggers")
+    assert "triggers" in before.by_name("labs-k8s-w01-leave-cluster").replace_on_changes
     other_key = run_document(run_program("labs", overrides={"vsphere:password": "old-Pa55"}), b"x" * 32)
     assert "old-Pa55" not in json.dumps(other_key)
     assert run_from_document(other_key).by_name("golden-template").plain_inputs["password"] != \
