@@ -167,6 +167,8 @@ class KubeadmCluster(pulumi.ComponentResource):
             delete_args=("set",),
             triggers=[],
             timeout="5m",
+            # The first thing `pulumi destroy` deletes: it gives up within minutes.
+            delete_timeout="5m",
             # If it is ever replaced, mark then clear (delete first), never clear then mark.
             delete_before_replace=True,
         )

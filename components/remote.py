@@ -104,6 +104,7 @@ def run_step(
     extra_triggers: Sequence[pulumi.Input[Any]] = (),
     delete_before_replace: bool = False,
     plain_stdout: bool = False,
+    delete_timeout: str = DELETE_TIMEOUT,
 ) -> remote.Command:
     """Register one remote step.
 
@@ -149,7 +150,7 @@ def run_step(
     options = pulumi.ResourceOptions(
         parent=parent,
         depends_on=list(depends_on),
-        custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout, delete=DELETE_TIMEOUT),
+        custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout, delete=delete_timeout),
         additional_secret_outputs=(["stderr"] if plain_stdout else ["stdout", "stderr"]) if handles_secrets else None,
         # pulumi-command replaces a Command when its triggers change (schema: triggers[*]); a step
         # that is not re-run on change takes a new bundle as an in-place update of its stdin.

@@ -251,11 +251,12 @@ def test_a_new_identity_replaces_the_vm_delete_first(case_plans):
     delete_vm = kinds.index(("delete first (replaced)", ("labs-k8s-w01",)))
     create_vm = next(i for i, (k, n) in enumerate(kinds) if k == "create replacement" and "labs-k8s-w01" in n)
     # Everything on the node that reads the VM goes before the VM, and comes back after it.
-    for step_name in ("labs-k8s-w01-ready", "labs-k8s-w01-kubeadm-join"):
+    # The leave guard among them: its delete drains the node and deletes its Node before the VM goes.
+    for step_name in ("labs-k8s-w01-ready", "labs-k8s-w01-leave-cluster", "labs-k8s-w01-kubeadm-join"):
         gone = next(i for i, (k, n) in enumerate(kinds) if k == "delete first (replaced)" and step_name in n)
         back = next(i for i, (k, n) in enumerate(kinds) if k == "create replacement" and step_name in n)
         assert gone < delete_vm < create_vm < back
-    assert all(e.name.startswith(("labs-k8s-w01", "workers-", "labs-k8s-m01-verify")) for e in plan.effects)
+    assert all(e.name.startswith(("labs-k8s-w01", "workers-", "verify-cluster")) for e in plan.effects)
 
 
 def test_no_vm_is_ever_replaced_create_before_delete(case_plans):

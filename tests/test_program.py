@@ -433,8 +433,8 @@ def test_no_single_management_node(offline_run):
     for name in cluster_wide:
         assert endpoint_of(offline_run.by_name(name)) == CLUSTER_ENDPOINT, name
     on_m01 = {r.name for r in offline_run.of_type(COMMAND) if host_of(r) == NODES["labs-k8s-m01"]}
-    assert on_m01 == {"labs-k8s-m01-ready", "labs-k8s-m01-prepare", "labs-k8s-m01-kubeadm-init",
-                      "labs-k8s-m01-kubeadm-join"}
+    assert on_m01 == {"labs-k8s-m01-ready", "labs-k8s-m01-node-settings", "labs-k8s-m01-prepare",
+                      "labs-k8s-m01-kubeadm-init", "labs-k8s-m01-kubeadm-join"}
 
 
 def test_flannel_and_verify(offline_run):
@@ -480,6 +480,9 @@ def test_leave_guards_remove_a_node_before_its_vm_goes(offline_run):
         assert leave.property_dependencies["triggers"] == [vm.urn]
         assert leave.plain_inputs["triggers"] == [f"{node}-id"]
         assert "triggers" in leave.replace_on_changes and leave.delete_before_replace
+        # An SSH key rotation changes every connection: this step keeps its own, so a rotation
+        # never replaces it (a replacement would run its delete against a live node).
+        assert "connection" in leave.ignore_changes
         # The create does nothing; the delete runs the bundle (drain, delete the Node, etcd member).
         assert leave.plain_inputs["create"] == "true"
         assert leave.plain_inputs["delete"] == "sudo -n bash -s"
@@ -497,6 +500,7 @@ def test_teardown_guard_marks_on_delete_clears_on_create_and_is_never_replaced(o
     assert guard.plain_inputs["create"] == "sudo -n bash -s -- clear"
     assert guard.plain_inputs["delete"] == "sudo -n bash -s -- set"
     assert guard.plain_inputs["triggers"] == []
+    assert "connection" in guard.ignore_changes and guard.delete_before_replace  # mark, then clear
     assert "teardown-guard.sh" in guard.plain_inputs["stdin"]
 
 
