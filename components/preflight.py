@@ -70,8 +70,9 @@ def run_preflight(inputs: StackInputs) -> None:
     release = release_findings(lab)
     credentials = inputs.vcenter
     try:
+        address = vsphere.parse_server(credentials.server)
         with vsphere.session(
-            credentials.server, credentials.user, credentials.plain_password,
+            address.host, credentials.user, credentials.plain_password, port=address.port,
             insecure=credentials.allow_unverified_ssl,
         ) as si:
             report = vsphere.preflight(si, preflight_spec(lab, inputs.stack))

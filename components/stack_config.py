@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,27 @@ def provider_bool(value: str | None, default: bool = False) -> bool:
     if value.strip() in _FALSE:
         return False
     raise ValueError(f"{value!r} is neither true nor false")
+
+
+# The vSphere provider's own settings (`vsphere:<key>`) and the environment variables it also reads.
+VSPHERE_SETTINGS = {
+    "vsphereServer": "VSPHERE_SERVER",
+    "user": "VSPHERE_USER",
+    "password": "VSPHERE_PASSWORD",
+    "allowUnverifiedSsl": "VSPHERE_ALLOW_UNVERIFIED_SSL",
+}
+
+
+def vsphere_settings(
+    get: Callable[[str], str | None], environ: Mapping[str, str] | None = None
+) -> dict[str, str | None]:
+    """The vCenter login with the provider's precedence: stack config first, then VSPHERE_*.
+
+    `get` reads a full config key ("vsphere:password"). The program, the template's dynamic
+    provider (from the config the engine hands it at Configure) and the drills all use this.
+    """
+    env = os.environ if environ is None else environ
+    return {key: (get(f"vsphere:{key}") or env.get(variable) or None) for key, variable in VSPHERE_SETTINGS.items()}
 
 
 @dataclass(frozen=True)
@@ -77,10 +99,6 @@ def _raw_namespace(config: pulumi.Config) -> dict[str, Any]:
     return raw
 
 
-def _provider_setting(vsphere: pulumi.Config, key: str, env: str) -> str | None:
-    return vsphere.get(key) or os.environ.get(env)
-
-
 def _with_public_key_command(error: LabConfigError, stack: str) -> LabConfigError:
     """A missing ssh.publicKey gets the exact command that sets it."""
     problems = [
@@ -102,7 +120,6 @@ def read_stack_inputs() -> StackInputs:
     Raises pulumi.RunError (printed without a stack trace) listing every problem.
     """
     config = pulumi.Config(NAMESPACE)
-    vsphere = pulumi.Config("vsphere")
     stack = pulumi.get_stack()
     try:
         lab = load_lab_config(_raw_namespace(config))
@@ -125,16 +142,23 @@ def read_stack_inputs() -> StackInputs:
         key_problem = private_key_problem(raw_private_key, lab.ssh.public_key, stack)
         if key_problem:
             missing.append(f"{NAMESPACE}:{SSH_PRIVATE_KEY}: {key_problem}")
-    server = _provider_setting(vsphere, "vsphereServer", "VSPHERE_SERVER")
-    user = _provider_setting(vsphere, "user", "VSPHERE_USER")
-    # The provider's own precedence: stack config first, then the environment.
-    plain_password = str(pulumi.runtime.config.get_config("vsphere:password") or os.environ.get("VSPHERE_PASSWORD", ""))
+    # Raw reads: pulumi.Config.get would warn about reading the secret password in plain.
+    settings = vsphere_settings(pulumi.runtime.config.get_config)
+    server, user = settings["vsphereServer"], settings["user"]
+    plain_password = str(settings["password"] or "")
     password = pulumi.Output.secret(plain_password) if plain_password else None
     if not server:
         missing.append(
             f"vsphere:vsphereServer: not set (nor VSPHERE_SERVER); "
             f"pulumi config set --stack {stack} vsphere:vsphereServer <vcenter host name>"
         )
+    else:
+        from components.vsphere import VSphereError, parse_server
+
+        try:
+            parse_server(server)
+        except VSphereError as error:
+            missing.append(str(error))
     if not user:
         missing.append(
             f"vsphere:user: not set (nor VSPHERE_USER); "
@@ -145,12 +169,12 @@ def read_stack_inputs() -> StackInputs:
             f"vsphere:password: not set (nor VSPHERE_PASSWORD); "
             f"pulumi config set --stack {stack} --secret vsphere:password"
         )
-    raw_insecure = _provider_setting(vsphere, "allowUnverifiedSsl", "VSPHERE_ALLOW_UNVERIFIED_SSL")
     insecure = False
     try:
-        insecure = provider_bool(raw_insecure)
+        insecure = provider_bool(settings["allowUnverifiedSsl"])
     except ValueError as error:
-        source = "vsphere:allowUnverifiedSsl" if vsphere.get("allowUnverifiedSsl") else "VSPHERE_ALLOW_UNVERIFIED_SSL"
+        in_config = pulumi.runtime.config.get_config("vsphere:allowUnverifiedSsl")
+        source = "vsphere:allowUnverifiedSsl" if in_config else "VSPHERE_ALLOW_UNVERIFIED_SSL"
         missing.append(
             f"{source}: {error}; write true or false: "
             f"pulumi config set --stack {stack} vsphere:allowUnverifiedSsl false "

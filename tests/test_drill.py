@@ -567,6 +567,21 @@ def test_refuses_a_target_of_the_wrong_role(sim: SimLab) -> None:
 # --------------------------------------------------------------------------- inputs
 
 
+@pytest.mark.parametrize(
+    ("server", "host", "port"),
+    [("vcenter.labs.local", "vcenter.labs.local", 443), ("vcenter.labs.local:8443", "vcenter.labs.local", 8443),
+     ("[fd00::10]:8443", "fd00::10", 8443)],
+)
+def test_drill_login_reads_host_and_port_with_the_shared_parser(server: str, host: str, port: int) -> None:
+    config = {"vsphere:vsphereServer": server, "vsphere:user": "u", "vsphere:password": "p"}
+    node = {"name": "labs-k8s-m01", "role": "control-plane", "ip": "10.3.60.51"}
+    outputs = {"apiEndpoint": f"https://{VIP}:6443", "kubeconfig": FAKE_KUBECONFIG, "nodes": [node]}
+    inputs = parse_inputs(STACK, outputs, config=config, env={})
+    assert inputs.vcenter is not None and (inputs.vcenter.server, inputs.vcenter.port) == (host, port)
+    with pytest.raises(InputsError, match="is a URL"):
+        parse_inputs(STACK, outputs, config={**config, "vsphere:vsphereServer": "https://vc/sdk"}, env={})
+
+
 def test_parse_inputs_lists_every_problem() -> None:
     with pytest.raises(InputsError) as caught:
         parse_inputs(STACK, {"nodes": [{"name": "x", "role": "etcd", "ip": "1.2.3.4"}]}, config={}, env={})

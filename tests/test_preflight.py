@@ -51,7 +51,8 @@ def inputs_for(vcsim, lab: LabConfig, monkeypatch) -> StackInputs:
     return StackInputs(
         lab=lab,
         ssh_private_key="unused",  # type: ignore[arg-type]
-        vcenter=VcenterCredentials(server=vcsim.host, user=vcsim.user, password="unused",  # type: ignore[arg-type]
+        # `vsphere:vsphereServer` as host:port, the way a vCenter on another port is configured.
+        vcenter=VcenterCredentials(server=vcsim.server, user=vcsim.user, password="unused",  # type: ignore[arg-type]
                                    allow_unverified_ssl=True, plain_password=vcsim.password),
         stack="labs",
     )
@@ -66,17 +67,6 @@ def with_folder(vcsim_factory):
         return sim
 
     return start
-
-
-@pytest.fixture
-def port_patch(monkeypatch) -> Iterator[None]:
-    """vcsim listens on a random port; preflight connects to the default one."""
-    session = vs.session
-
-    def on_port(port: int):
-        monkeypatch.setattr(vs, "session", lambda *a, **k: session(*a, **{**k, "port": port}))
-
-    yield on_port
 
 
 def test_spec_carries_rules_vms_and_the_vip(lab_config):
@@ -101,17 +91,15 @@ def small_disks(lab: LabConfig) -> LabConfig:
     return lab.model_copy(update={"nodes": nodes, "template": lab.template.model_copy(update={"disk_gib": 1})})
 
 
-def test_too_small_datastore_fails(with_folder, lab_config, monkeypatch, port_patch):
+def test_too_small_datastore_fails(with_folder, lab_config, monkeypatch):
     sim = with_folder(hosts=3)
-    port_patch(sim.port)
     huge = lab_config.template.model_copy(update={"disk_gib": 10_000_000})
     with pytest.raises(pulumi.RunError, match=r"\[datastore\].*eager-zeroed"):
         run_preflight(inputs_for(sim, lab_on(sim, lab_config.model_copy(update={"template": huge})), monkeypatch))
 
 
-def test_three_host_cluster_passes(with_folder, lab_config, monkeypatch, port_patch):
+def test_three_host_cluster_passes(with_folder, lab_config, monkeypatch):
     sim = with_folder(hosts=3)
-    port_patch(sim.port)
     lab_config = small_disks(lab_config)
     connected = []
     session = vs.session
@@ -120,9 +108,8 @@ def test_three_host_cluster_passes(with_folder, lab_config, monkeypatch, port_pa
     assert connected, "preflight did not talk to vcsim"
 
 
-def test_two_hosts_fail_the_mandatory_control_plane_rule(with_folder, lab_config, monkeypatch, port_patch):
+def test_two_hosts_fail_the_mandatory_control_plane_rule(with_folder, lab_config, monkeypatch):
     sim = with_folder(hosts=2)
-    port_patch(sim.port)
     with pytest.raises(pulumi.RunError) as caught:
         run_preflight(inputs_for(sim, lab_on(sim, small_disks(lab_config)), monkeypatch))
     message = str(caught.value)
@@ -130,9 +117,8 @@ def test_two_hosts_fail_the_mandatory_control_plane_rule(with_folder, lab_config
     assert "[hosts]" in message and "labs-k8s-labs-control-planes" in message
 
 
-def test_missing_network_is_named(with_folder, lab_config, monkeypatch, port_patch):
+def test_missing_network_is_named(with_folder, lab_config, monkeypatch):
     sim = with_folder(hosts=3)
-    port_patch(sim.port)
     with pytest.raises(pulumi.RunError, match="k8s-net"):
         run_preflight(inputs_for(sim, lab_on(sim, lab_config, network="k8s-net"), monkeypatch))
 
@@ -148,9 +134,8 @@ def test_preflight_can_be_switched_off(lab_config, monkeypatch):
                               vcenter=VcenterCredentials("h", "u", "p", False)))  # type: ignore[arg-type]
 
 
-def test_our_own_vms_are_not_collisions(with_folder, lab_config, monkeypatch, port_patch):
+def test_our_own_vms_are_not_collisions(with_folder, lab_config, monkeypatch):
     sim = with_folder(hosts=3)
-    port_patch(sim.port)
     lab = lab_on(sim, small_disks(lab_config))
     with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
         dc = vs.find_datacenter(si, sim.datacenter)
@@ -230,10 +215,8 @@ def with_version(lab, version: str, url: str):
 
 
 @pytest.fixture
-def sim(with_folder, port_patch):
-    simulator = with_folder(hosts=3)
-    port_patch(simulator.port)
-    return simulator
+def sim(with_folder):
+    return with_folder(hosts=3)
 
 
 def test_a_patch_release_that_does_not_exist_fails_preflight(sim, lab_config, monkeypatch, repository):

@@ -100,6 +100,24 @@ def test_missing_ssh_private_key_is_a_clear_error_before_registration():
     assert monitors[0].registrations == {}
 
 
+@pytest.mark.parametrize(
+    ("server", "complaint"),
+    [("https://vcenter.labs.local/sdk", "is a URL"), ("vcenter.labs.local:44x3", "has no valid port")],
+)
+def test_a_bad_vcenter_address_is_a_clear_error_before_registration(server, complaint):
+    monitors: list[RecordingMonitor] = []
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program("labs", overrides={"vsphere:vsphereServer": server}, monitor_sink=monitors)
+    assert f"vsphere:vsphereServer {server!r} {complaint}" in str(caught.value)
+    assert monitors[0].registrations == {}
+
+
+def test_a_vcenter_on_another_port_is_accepted():
+    run = run_program("labs", overrides={"vsphere:vsphereServer": "vcenter.labs.local:8443"})
+    assert run.config["vsphere:vsphereServer"] == "vcenter.labs.local:8443"
+    assert run.by_name("golden-template")
+
+
 # --------------------------------------------------------------------------- template
 
 

@@ -13,6 +13,7 @@ product code never creates such VMs, so that code lives only here.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -129,6 +130,38 @@ def messages(findings: list[vs.Finding]) -> str:
 
 
 # ---------------------------------------------------------------- connection
+
+
+@pytest.mark.parametrize(
+    ("value", "host", "port"),
+    [
+        ("vcenter.labs.local", "vcenter.labs.local", 443),
+        (" vcenter.labs.local:8443 ", "vcenter.labs.local", 8443),
+        ("10.3.60.10:443", "10.3.60.10", 443),
+        ("fd00::10", "fd00::10", 443),
+        ("[fd00::10]", "fd00::10", 443),
+        ("[fd00::10]:8443", "fd00::10", 8443),
+    ],
+)
+def test_server_address_forms(value: str, host: str, port: int) -> None:
+    assert vs.parse_server(value) == vs.ServerAddress(host, port)
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("", "is empty"),
+        ("https://vcenter.labs.local/sdk", "is a URL"),
+        ("vcenter.labs.local/sdk", "is a URL"),
+        ("vcenter.labs.local:", "has no valid port"),
+        ("vcenter.labs.local:70000", "has no valid port"),
+        (":443", "has no host"),
+        ("[fd00::10]8443", "is not [IPv6]:port"),
+    ],
+)
+def test_server_address_errors_name_the_key(value: str, complaint: str) -> None:
+    with pytest.raises(vs.VSphereError, match=f"vsphere:vsphereServer.*{re.escape(complaint)}.*host name"):
+        vs.parse_server(value)
 
 
 def test_connect_verifies_tls_even_on_localhost(vcsim: Vcsim) -> None:

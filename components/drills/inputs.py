@@ -15,17 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.stack_config import provider_bool
+from components.stack_config import VSPHERE_SETTINGS, provider_bool, vsphere_settings
+from components.vsphere import VSphereError, parse_server
 
 ROLES = ("balancer", "control-plane", "worker")
 REQUIRED_OUTPUTS = ("apiEndpoint", "kubeconfig", "nodes")
-# vsphere:<key> in the stack config, else this environment variable (as the provider reads them).
-VCENTER_KEYS = {
-    "vsphereServer": "VSPHERE_SERVER",
-    "user": "VSPHERE_USER",
-    "password": "VSPHERE_PASSWORD",
-    "allowUnverifiedSsl": "VSPHERE_ALLOW_UNVERIFIED_SSL",
-}
 PULUMI_TIMEOUT_S = 120
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
@@ -117,8 +111,9 @@ def parse_inputs(
 
     login: VcenterLogin | None = None
     if need_vcenter:
-        values = {key: (config.get(f"vsphere:{key}") or env.get(var) or None) for key, var in VCENTER_KEYS.items()}
-        absent = [f"vsphere:{k} (or {VCENTER_KEYS[k]})" for k in ("vsphereServer", "user", "password") if not values[k]]
+        values = vsphere_settings(config.get, env)
+        absent = [f"vsphere:{k} (or {VSPHERE_SETTINGS[k]})" for k in ("vsphereServer", "user", "password")
+                  if not values[k]]
         try:
             insecure = provider_bool(values["allowUnverifiedSsl"])
         except ValueError as error:
@@ -129,15 +124,18 @@ def parse_inputs(
         if absent:
             problems.append(f"vCenter login incomplete, not set: {', '.join(absent)}")
         else:
-            server = str(values["vsphereServer"])
-            host, _, port = server.partition(":")
-            login = VcenterLogin(
-                server=host,
-                user=str(values["user"]),
-                password=str(values["password"]),
-                insecure=insecure,
-                port=int(port) if port.isdigit() else 443,
-            )
+            try:
+                address = parse_server(str(values["vsphereServer"]))
+            except VSphereError as error:
+                problems.append(str(error))
+            else:
+                login = VcenterLogin(
+                    server=address.host,
+                    user=str(values["user"]),
+                    password=str(values["password"]),
+                    insecure=insecure,
+                    port=address.port,
+                )
     datacenter = None
     raw_vsphere = config.get("labs-k8s:vsphere")
     if raw_vsphere:
@@ -178,7 +176,7 @@ def load_inputs(stack: str, run: Runner = _run, env: Mapping[str, str] | None = 
     except json.JSONDecodeError:
         raise InputsError(f"`pulumi stack output --json --stack {stack}` did not print JSON") from None
     config: dict[str, str | None] = {}
-    for key in [*(f"vsphere:{k}" for k in VCENTER_KEYS), "labs-k8s:vsphere"]:
+    for key in [*(f"vsphere:{k}" for k in VSPHERE_SETTINGS), "labs-k8s:vsphere"]:
         got = run(["pulumi", "config", "get", key, "--stack", stack])
         # A key that is not set exits non-zero; the VSPHERE_* fallback then applies.
         config[key] = got.stdout.strip() if got.returncode == 0 and got.stdout.strip() else None

@@ -58,9 +58,11 @@ from components.vsphere.preflight import (
 from components.vsphere.session import (
     Endpoint,
     GiB,
+    ServerAddress,
     collect_properties,
     connect,
     disconnect,
+    parse_server,
     session,
     wait_for_task,
 )
@@ -99,6 +101,7 @@ __all__ = [
     "PowerState",
     "PreflightReport",
     "PreflightSpec",
+    "ServerAddress",
     "TaskError",
     "VSphereError",
     "VSphereTimeoutError",
@@ -122,6 +125,7 @@ __all__ = [
     "inventory_path",
     "make_datastore_dir",
     "mark_as_template",
+    "parse_server",
     "power_off",
     "power_on",
     "power_state",

@@ -114,6 +114,51 @@ def session(
 
 
 # --------------------------------------------------------------------------
+# Where vCenter is: `vsphere:vsphereServer`
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    host: str
+    port: int = 443
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == 443 else f"{host}:{self.port}"
+
+
+def parse_server(value: str) -> ServerAddress:
+    """`vsphere:vsphereServer` as host, host:port, IPv6, or [IPv6]:port; the one parser for it.
+
+    The vsphere provider builds https://<value>/sdk from it, so a URL (scheme or path) is an
+    error here too, not something to guess around.
+    """
+    text = (value or "").strip()
+    fix = "set vsphere:vsphereServer to the vCenter host name, optionally with :port (vcenter.example.com:443)"
+    if not text:
+        raise VSphereError(f"vsphere:vsphereServer is empty; {fix}")
+    if "://" in text or "/" in text:
+        raise VSphereError(f"vsphere:vsphereServer {value!r} is a URL; {fix}")
+    host, port = text, ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise VSphereError(f"vsphere:vsphereServer {value!r} is not [IPv6]:port; {fix}")
+        port = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    # More than one colon without brackets: a bare IPv6 address on the default port.
+    if not host:
+        raise VSphereError(f"vsphere:vsphereServer {value!r} has no host; {fix}")
+    if port == "" and not text.endswith(":"):
+        return ServerAddress(host)
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise VSphereError(f"vsphere:vsphereServer {value!r} has no valid port ({port!r}); {fix}")
+    return ServerAddress(host, int(port))
+
+
+# --------------------------------------------------------------------------
 # Tasks and property collection
 # --------------------------------------------------------------------------
 
