@@ -36,7 +36,8 @@ class CloneSourceProvider(ResourceProvider):
         # A new id per creation: the VM's replace_trigger carries it.
         return CreateResult(
             id_=f"{props['node']}-{secrets.token_hex(4)}",
-            outs={"node": props["node"], "identity": props["identity"], "template": props["template"]},
+            outs={"node": props["node"], "identity": props["identity"], "template": props["template"],
+                  "guestId": props["guestId"]},
         )
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -52,10 +53,12 @@ class CloneSourceProvider(ResourceProvider):
 
 
 class CloneSource(Resource):
-    """`template`: the UUID of the template to clone the node from; `id` is new with every source."""
+    """`template`: the UUID of the template to clone the node from, `guest_id` its guest id (the
+    clone must name the same); `id` is new with every source."""
 
     template: pulumi.Output[str]
     identity: pulumi.Output[str]
+    guestId: pulumi.Output[str]
 
     def __init__(
         self,
@@ -63,11 +66,16 @@ class CloneSource(Resource):
         node: str,
         identity: str,
         template_uuid: pulumi.Input[str],
+        template_guest_id: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(
             CloneSourceProvider(),
             name,
-            {"node": node, "identity": identity, "template": template_uuid},
+            {"node": node, "identity": identity, "template": template_uuid, "guestId": template_guest_id},
             opts,
         )
+
+    @property
+    def guest_id(self) -> pulumi.Output[str]:
+        return self.guestId

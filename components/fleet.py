@@ -13,7 +13,6 @@ from components.config import LabConfig, Node, Role
 from components.rendering import node as node_rendering
 from components.rendering import read_file
 
-GUEST_ID = "debian12_64Guest"
 # Host time sync fully off: NTP (timesyncd) keeps time, and etcd hates a clock stepped under it.
 # sync_time_with_host*=False only stops the periodic sync (tools.syncTime, and on vSphere 7.0.1+
 # syncTimeWithHostAllowed); VMware Tools still steps the clock once on these events unless
@@ -59,6 +58,7 @@ class NodeFleet(pulumi.ComponentResource):
         name: str,
         lab: LabConfig,
         template_uuid: pulumi.Input[str],
+        template_guest_id: pulumi.Input[str],
         private_key: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -85,7 +85,7 @@ class NodeFleet(pulumi.ComponentResource):
         for node in lab.all_nodes:
             identity = node_rendering.instance_id(lab, node)
             source = CloneSource(
-                f"{node.name}-clone-source", node.name, identity, template_uuid,
+                f"{node.name}-clone-source", node.name, identity, template_uuid, template_guest_id,
                 opts=pulumi.ResourceOptions(parent=self),
             )
             vm = self._clone(lab, node, source, identity, pool_id, datastore.id, network.id)
@@ -177,7 +177,10 @@ class NodeFleet(pulumi.ComponentResource):
             datastore_id=datastore_id,
             num_cpus=node.vcpu,
             memory=node.memory_mib,
-            guest_id=GUEST_ID,
+            # The template's own guest id (kept by the clone source with its UUID): the builder
+            # falls back to an older one on vSphere without debian12_64Guest, and vCenter refuses
+            # a clone that names an id it does not know.
+            guest_id=source.guest_id,
             firmware=lab.template.firmware,
             scsi_type="pvscsi",
             enable_disk_uuid=True,

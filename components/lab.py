@@ -28,8 +28,10 @@ class Lab(pulumi.ComponentResource):
         super().__init__("labs-k8s:lab:Lab", name, None, opts)
         lab = inputs.lab
         child = pulumi.ResourceOptions(parent=self)
-        self.template = GoldenTemplate("template", lab, inputs.vcenter, opts=child)
-        self.fleet = NodeFleet("fleet", lab, self.template.uuid, inputs.ssh_private_key, opts=child)
+        self.template = GoldenTemplate("template", lab, opts=child)
+        self.fleet = NodeFleet(
+            "fleet", lab, self.template.uuid, self.template.guest_id, inputs.ssh_private_key, opts=child
+        )
         self.balancers = LoadBalancerPair(
             "balancers",
             lab,

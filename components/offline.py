@@ -228,12 +228,13 @@ class LabMocks(pulumi.runtime.Mocks):
             outputs.update(stdout=self._command_stdout(args.name), stderr="")
         elif args.typ == "pulumi-python:dynamic:Resource":
             # Both dynamic providers return their inputs as outputs (few, small); the template
-            # build adds the UUID and managed object id of the template it made.
+            # build adds the UUID, managed object id and guest id of the template it made.
             outputs.update({k: v for k, v in args.inputs.items() if k != "__provider"})
             if "isoUrl" in args.inputs:
                 # Keyed by the template's name (content hash included): a rebuilt template is a new VM.
                 built = str(args.inputs.get("name", args.name))
-                outputs.update(uuid=f"4201{_fake_hex(built, 28)}", moid=f"vm-{_fake_hex(built, 4)}")
+                outputs.update(uuid=f"4201{_fake_hex(built, 28)}", moid=f"vm-{_fake_hex(built, 4)}",
+                               guestId="debian12_64Guest")
         return resource_id, outputs
 
     def _command_stdout(self, name: str) -> str:

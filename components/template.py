@@ -9,34 +9,58 @@ MarkAsTemplate -> hardware verified. docs/template.md explains the choice.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
+from pulumi.dynamic import (
+    CheckFailure,
+    CheckResult,
+    ConfigureRequest,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    Resource,
+    ResourceProvider,
+    UpdateResult,
+)
 
 from components.config import LabConfig
 from components.rendering import template as template_rendering
-from components.stack_config import VcenterCredentials
 
-# Inputs whose change means a different template. The name carries the content hash of the
-# template's own inputs (ISO, preseed, seal script, boot menus, disk size), so node changes
-# never rebuild it.
+log = logging.getLogger(__name__)
+
+# Inputs whose change means a different template. All of them also enter the template's name
+# (rendering.template.template_identity), so a replacement never finds the old template by name.
 REPLACE_KEYS = ("name", "datacenter", "cluster", "datastore", "network", "folder", "resourcePool", "firmware")
+# What the provider computes; never compared as inputs. uuid and guestId must be in the state:
+# a state from before they existed is brought up to date by an in-place update.
+COMPUTED_KEYS = ("uuid", "moid", "guestId", "isoPath")
+REQUIRED_OUTPUTS = ("uuid", "guestId")
+PROVIDER_KEY = "__provider"  # the pickled provider the SDK adds to every dynamic resource's inputs
 ISO_CACHE = Path(os.environ.get("LABS_K8S_CACHE", Path.home() / ".cache" / "labs-k8s")) / "iso"
 ISO_DATASTORE_DIR = "labs-k8s-iso"
-
 
 # Input key of each required field (the camelCase names the program registers).
 _REQUIRED_INPUTS = {
     "name": "name", "stack": "stack", "datacenter": "datacenter", "cluster": "cluster",
     "datastore": "datastore", "network": "network", "folder": "folder", "firmware": "firmware",
     "vcpu": "vcpu", "memory_mib": "memoryMib", "disk_gib": "diskGib", "build_timeout_s": "buildTimeoutSeconds",
-    "iso_url": "isoUrl", "iso_sha256": "isoSha256", "iso_files": "isoFiles",
+    "iso_url": "isoUrl", "iso_sha256": "isoSha256", "iso_files": "isoFiles", "iso_name": "isoName",
 }  # fmt: skip
+
+
+def iso_datastore_path(stack: str, template_name: str) -> str:
+    """Where a template's install ISO goes on the datastore: one directory per stack."""
+    return f"{ISO_DATASTORE_DIR}/{stack}/{template_name}.iso"
+
+
+class TemplateBuildError(RuntimeError):
+    """The template could not be built or taken over; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +87,7 @@ class TemplateInputs:
     iso_url: str
     iso_sha256: str
     iso_files: Mapping[str, str]
+    iso_name: str
     resource_pool: str | None = None  # optional: the cluster's root pool
 
     @staticmethod
@@ -73,7 +98,9 @@ class TemplateInputs:
     def from_props(cls, props: Mapping[str, Any]) -> TemplateInputs:
         missing = cls.missing(props)
         if missing:
-            raise ValueError(f"the golden template's inputs lack {', '.join(missing)}: a bug in components/template.py")
+            raise TemplateBuildError(
+                f"the golden template's inputs lack {', '.join(missing)}: a bug in components/template.py"
+            )
         values = {field_name: props[key] for field_name, key in _REQUIRED_INPUTS.items()}
         return cls(
             **{**values, "vcpu": int(values["vcpu"]), "memory_mib": int(values["memory_mib"]),
@@ -82,115 +109,273 @@ class TemplateInputs:
         )
 
 
-class TemplateBuildProvider(ResourceProvider):
-    """Runs in Pulumi's dynamic-provider process; every vCenter call goes through components.vsphere."""
+@dataclass(frozen=True)
+class VcenterLogin:
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    insecure: bool = False
 
-    def _session(self, props: Mapping[str, Any]) -> Any:
+    def session(self) -> Any:
         from components import vsphere
 
-        host, _, port = str(props["server"]).partition(":")
-        return vsphere.session(
-            host, props["user"], props["password"], port=int(port or 443),
-            insecure=bool(props.get("allowUnverifiedSsl", False)),
+        return vsphere.session(self.host, self.user, self.password, port=self.port, insecure=self.insecure)
+
+
+class TemplateBuildProvider(ResourceProvider):
+    """Runs in Pulumi's dynamic-provider process; every vCenter call goes through components.vsphere.
+
+    The vCenter login is not an input of the resource: it is read when a call is made, from the
+    stack configuration the engine hands this provider at Configure (for dynamic providers the
+    engine passes every key, `vsphere:*` included: pulumi/pulumi#17673, Pulumi CLI 3.139.0 or newer)
+    or from VSPHERE_* in the environment. So the password is never in the state, a rotated
+    password is used by the very next `refresh` or `destroy`, and a preview run with another
+    (read-only) account shows no change.
+    """
+
+    def configure(self, req: ConfigureRequest) -> None:
+        from components.stack_config import vsphere_settings
+
+        self._configured = vsphere_settings(req.config.get)
+
+    def _login(self, props: Mapping[str, Any]) -> VcenterLogin:
+        from components import vsphere
+        from components.stack_config import truthy
+
+        current: Mapping[str, str | None] = getattr(self, "_configured", None) or {}
+        # A state written when the login was an input still carries it: the fallback for a CLI
+        # that configures dynamic providers without the stack config.
+        server = current.get("vsphereServer") or props.get("server")
+        user = current.get("user") or props.get("user")
+        password = current.get("password") or props.get("password")
+        if not (server and user and password):
+            raise TemplateBuildError(
+                "no vCenter login for the golden template: set vsphere:vsphereServer, vsphere:user and "
+                "vsphere:password in the stack config, or VSPHERE_SERVER, VSPHERE_USER and VSPHERE_PASSWORD in "
+                "the environment (a Pulumi CLI older than 3.139.0 passes only the environment to this provider)"
+            )
+        insecure = current.get("allowUnverifiedSsl")
+        address = vsphere.parse_server(str(server))
+        return VcenterLogin(
+            host=address.host,
+            port=address.port,
+            user=str(user),
+            password=str(password),
+            insecure=truthy(insecure) if insecure is not None else bool(props.get("allowUnverifiedSsl", False)),
         )
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         # Runs in previews too: a missing input fails there, not an hour into a build.
-        missing = TemplateInputs.missing(news) + [
-            key for key in ("server", "user", "password") if news.get(key) in (None, "")
-        ]
-        return CheckResult(news, [CheckFailure(key, "required, but missing") for key in missing])
+        return CheckResult(news, [CheckFailure(key, "required, but missing") for key in TemplateInputs.missing(news)])
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # olds are the recorded outputs: the inputs echoed, plus what the provider computed.
+        keys = (set(news) | set(olds)) - set(COMPUTED_KEYS) - {PROVIDER_KEY}
+        changed = sorted(key for key in keys if olds.get(key) != news.get(key))
+        replaces = [key for key in REPLACE_KEYS if key in changed]
+        # Everything else (the build VM's size and timeout) changes nothing in the built template:
+        # an in-place update records it. So does a state lacking newer outputs, or one still
+        # carrying the vCenter login (older states did): the update drops it from the state.
+        stale = [key for key in REQUIRED_OUTPUTS if key not in olds]
+        return DiffResult(changes=bool(changed or stale), replaces=replaces, delete_before_replace=False)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        from components import iso, vsphere
+        from components import vsphere
 
         spec = TemplateInputs.from_props(props)
-        name = spec.name
-        with self._session(props) as si:
-            existing = vsphere.find_vm(si, name)
-            if existing is not None and existing.config.template:
-                # A previous `up` built it but did not record it (interrupted): adopt it after checking.
-                self._verify(vsphere, existing, name)
-                return self._result(vsphere, existing, props)
-            if existing is not None:
-                # A builder VM left by an interrupted build: start over from a clean slate.
-                vsphere.destroy_vm(existing)
-            media = iso.build_install_media(spec.iso_url, spec.iso_sha256, spec.iso_files, f"{name}.iso", ISO_CACHE)
-            iso_path = vsphere.upload_to_datastore(
-                si, spec.datacenter, spec.datastore, f"{ISO_DATASTORE_DIR}/{media.name}", media
-            )
-            builder_spec = vsphere.BuilderVmSpec(
-                name=name,
-                datacenter=spec.datacenter,
-                cluster=spec.cluster,
-                datastore=spec.datastore,
-                network=spec.network,
-                iso_path=iso_path,
-                folder=spec.folder,
-                resource_pool=spec.resource_pool,
-                num_cpus=spec.vcpu,
-                memory_mib=spec.memory_mib,
-                disk_gib=spec.disk_gib,
-                firmware=spec.firmware,  # type: ignore[arg-type]
-                annotation=f"labs-k8s golden template {name}; built by Pulumi stack {spec.stack}",
-                extra_config=vsphere.stack_tag(spec.stack),
-            )
-            builder = vsphere.create_builder_vm(si, builder_spec)
+        with self._login(props).session() as si:
+            dc = vsphere.find_datacenter(si, spec.datacenter)
+            existing = vsphere.find_vm(si, spec.name, dc)
+            if existing is not None and self._take_over(si, existing, spec):
+                return self._created(si, existing, props, None)
+            iso_path = self._upload_media(si, spec)
+            builder = vsphere.create_builder_vm(si, self._builder_spec(spec, iso_path))
             try:
                 vsphere.power_on(builder.vm)
                 # The preseed ends with a power-off once the seal script has run in the target.
                 vsphere.wait_for_power_off(builder.vm, timeout_s=spec.build_timeout_s)
                 vsphere.detach_iso(builder.vm, remove_device=True)
+                self._verify(builder.vm, spec.name)
                 vsphere.mark_as_template(builder.vm)
-                self._verify(vsphere, builder.vm, name)
-            except Exception:
-                vsphere.destroy_vm(builder.vm)
-                raise
-            return self._result(vsphere, builder.vm, props)
+            except Exception as error:
+                raise TemplateBuildError(self._keep_for_inspection(si, builder.vm, spec, error)) from error
+            return self._created(si, builder.vm, props, iso_path)
+
+    def _take_over(self, si: Any, vm: Any, spec: TemplateInputs) -> bool:
+        """A VM already has the template's name. True: it is our finished template, adopted.
+        False: it was our leftover builder VM, now deleted. Anything not ours is an error."""
+        from components import vsphere
+
+        owner = vsphere.vm_stack(vm)
+        path = vsphere.inventory_path(si, vm)
+        if owner != spec.stack:
+            whose = f"stack {owner!r}" if owner else "no labs-k8s stack (it has no stack tag)"
+            raise TemplateBuildError(
+                f"vCenter already has a VM named {spec.name!r} ({path}) that belongs to {whose}, not to stack "
+                f"{spec.stack!r}: labs-k8s never adopts, rebuilds over or deletes a VM it did not tag. Rename or "
+                "remove that VM, or choose another labs-k8s:template.name"
+            )
+        if vm.config.template:
+            # A previous `up` built it but did not record it (interrupted): adopt it after checking.
+            self._verify(vm, spec.name)
+            return True
+        # A builder VM of ours: from an interrupted build, or kept after a failed install for
+        # inspection. This run starts over from a clean slate.
+        log.warning("deleting the builder VM %s left by an earlier build of stack %s", path, spec.stack)
+        vsphere.destroy_vm(vm)
+        return False
 
     @staticmethod
-    def _verify(vsphere: Any, vm: Any, name: str) -> None:
+    def _upload_media(si: Any, spec: TemplateInputs) -> str:
+        from components import iso, vsphere
+
+        media = iso.build_install_media(spec.iso_url, spec.iso_sha256, spec.iso_files, spec.iso_name, ISO_CACHE)
+        remote = iso_datastore_path(spec.stack, spec.name)
+        return str(vsphere.upload_to_datastore(si, spec.datacenter, spec.datastore, remote, media))
+
+    @staticmethod
+    def _builder_spec(spec: TemplateInputs, iso_path: str) -> Any:
+        from components import vsphere
+
+        return vsphere.BuilderVmSpec(
+            name=spec.name,
+            datacenter=spec.datacenter,
+            cluster=spec.cluster,
+            datastore=spec.datastore,
+            network=spec.network,
+            iso_path=iso_path,
+            folder=spec.folder,
+            resource_pool=spec.resource_pool,
+            num_cpus=spec.vcpu,
+            memory_mib=spec.memory_mib,
+            disk_gib=spec.disk_gib,
+            firmware=spec.firmware,  # type: ignore[arg-type]
+            annotation=f"labs-k8s golden template {spec.name}; built by Pulumi stack {spec.stack}",
+            extra_config=vsphere.stack_tag(spec.stack),
+        )
+
+    @staticmethod
+    def _keep_for_inspection(si: Any, vm: Any, spec: TemplateInputs, error: Exception) -> str:
+        """The failed builder stays (powered off): deleting it would delete the evidence."""
+        from components import vsphere
+
+        path = vsphere.inventory_path(si, vm)
+        try:
+            vsphere.power_off(vm)
+            state = "kept, powered off, for inspection"
+        except vsphere.VSphereError as power_error:
+            state = f"kept for inspection (powering it off failed too: {power_error})"
+        return (
+            f"building the golden template {spec.name} failed: {error}. The builder VM {path} is {state}: "
+            "power it on and open its console to see where the installer stops. The next `pulumi up` "
+            "deletes it and builds the template again."
+        )
+
+    @staticmethod
+    def _verify(vm: Any, name: str) -> None:
+        from components import vsphere
+
         problems = vsphere.verify_template_hardware(vm)
         if problems:
-            raise RuntimeError(
+            raise TemplateBuildError(
                 f"template {name} does not have the hardware the lab needs: " + "; ".join(problems)
                 + ". Delete it in vCenter and run `pulumi up` again."
             )
 
+    def _created(self, si: Any, vm: Any, props: Mapping[str, Any], iso_path: str | None) -> CreateResult:
+        spec = TemplateInputs.from_props(props)
+        # The template no longer needs its install ISO (~700 MB): remove it now.
+        self._remove_media(si, spec.datacenter, spec.stack, iso_path or self._iso_on(spec))
+        # Recorded even when removed: destroy deletes it again if it is still (or again) there.
+        outputs = self._outputs(vm, props, iso_path or self._iso_on(spec))
+        return CreateResult(id_=outputs["uuid"], outs=outputs)
+
     @staticmethod
-    def _result(vsphere: Any, vm: Any, props: dict[str, Any]) -> CreateResult:
-        uuid = vsphere.template_uuid(vm)
-        return CreateResult(id_=uuid, outs={**props, "uuid": uuid, "moid": vm._moId})
+    def _iso_on(spec: TemplateInputs) -> str:
+        return f"[{spec.datastore}] {iso_datastore_path(spec.stack, spec.name)}"
 
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = [key for key in REPLACE_KEYS if olds.get(key) != news.get(key)]
-        # Credentials and the node part of the lab config change nothing about a built template.
-        return DiffResult(changes=bool(replaces), replaces=replaces, delete_before_replace=False)
-
-    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+    @staticmethod
+    def _remove_media(si: Any, datacenter: str, stack: str, iso_path: str | None) -> None:
+        """Delete an uploaded ISO of this stack; another stack's directory is never touched."""
         from components import vsphere
 
-        with self._session(props) as si:
-            vm = vsphere.find_vm_by_uuid(si, id_)
+        if not iso_path or f"] {ISO_DATASTORE_DIR}/{stack}/" not in iso_path:
+            return
+        try:
+            vsphere.delete_datastore_file(si, datacenter, iso_path)
+        except vsphere.VSphereError as error:
+            # The template is fine without it; destroy tries again.
+            log.warning("could not delete the install ISO %s: %s", iso_path, error)
+
+    @staticmethod
+    def _outputs(vm: Any, props: Mapping[str, Any], iso_path: str | None) -> dict[str, Any]:
+        from components import vsphere
+
+        outputs = {key: value for key, value in props.items() if key not in COMPUTED_KEYS}
+        outputs.update(uuid=vsphere.template_uuid(vm), moid=vm._moId, guestId=str(vm.config.guestId))
+        if iso_path:
+            outputs["isoPath"] = iso_path
+        return outputs
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        from components import vsphere
+
+        spec = TemplateInputs.from_props(news)
+        with self._login(news).session() as si:
+            vm = self._ours(si, id_, spec.stack)
+            if vm is None:
+                raise TemplateBuildError(
+                    f"template {olds.get('name', id_)} (uuid {id_}) is no longer in vCenter as a template of stack "
+                    f"{spec.stack!r}; run `pulumi refresh --stack {spec.stack}`, then `pulumi up` builds it again"
+                )
+            vsphere.mark_as_template(vm)  # no-op for a template; refuses a running VM
+            return UpdateResult(outs=self._outputs(vm, news, olds.get("isoPath")))
+
+    @staticmethod
+    def _ours(si: Any, id_: str, stack: str | None) -> Any:
+        """The template with this UUID if it carries this stack's tag, else None."""
+        from components import vsphere
+
+        vm = vsphere.find_vm_by_uuid(si, id_)
+        if vm is None or vsphere.vm_stack(vm) != stack:
+            return None
+        return vm
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        with self._login(props).session() as si:
+            vm = self._ours(si, id_, props.get("stack"))
             if vm is None:
                 return ReadResult(id_="", outs={})
-            return ReadResult(id_=id_, outs={**props, "uuid": id_, "moid": vm._moId})
+            return ReadResult(id_=id_, outs=self._outputs(vm, props, props.get("isoPath")))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         from components import vsphere
 
-        with self._session(props) as si:
+        stack = props.get("stack")
+        with self._login(props).session() as si:
             vm = vsphere.find_vm_by_uuid(si, id_)
             if vm is not None:
-                vsphere.destroy_vm(vm)
+                if vsphere.vm_stack(vm) == stack:
+                    vsphere.destroy_vm(vm)
+                else:
+                    log.warning(
+                        "not deleting %s (uuid %s): it does not carry stack %r's tag",
+                        vsphere.inventory_path(si, vm), id_, stack,
+                    )
+            if stack and props.get("datacenter"):
+                self._remove_media(si, str(props["datacenter"]), str(stack), props.get("isoPath"))
 
 
 class TemplateBuild(Resource):
     uuid: pulumi.Output[str]
     moid: pulumi.Output[str]
+    guestId: pulumi.Output[str]
+    isoPath: pulumi.Output[str]
 
     def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(TemplateBuildProvider(), name, {**props, "uuid": None, "moid": None}, opts)
+        outputs = dict.fromkeys(COMPUTED_KEYS)
+        super().__init__(TemplateBuildProvider(), name, {**props, **outputs}, opts)
 
 
 class GoldenTemplate(pulumi.ComponentResource):
@@ -200,18 +385,19 @@ class GoldenTemplate(pulumi.ComponentResource):
         self,
         name: str,
         lab: LabConfig,
-        vcenter: VcenterCredentials,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("labs-k8s:template:GoldenTemplate", name, None, opts)
-        self.name = template_rendering.template_vm_name(lab)
+        stack = pulumi.get_stack()
+        # The name carries the template's identity: content, placement, firmware and stack.
+        self.name = template_rendering.template_vm_name(lab, stack)
         placement = lab.vsphere
         build = TemplateBuild(
             "golden-template",
             {
                 "name": self.name,
                 "version": template_rendering.template_version(lab),
-                "stack": pulumi.get_stack(),
+                "stack": stack,
                 "datacenter": placement.datacenter,
                 "cluster": placement.compute_cluster,
                 "datastore": placement.datastore,
@@ -231,19 +417,18 @@ class GoldenTemplate(pulumi.ComponentResource):
                 "isoUrl": lab.template.iso_url,
                 "isoSha256": lab.template.iso_sha256,
                 "isoFiles": template_rendering.iso_files(lab),
-                "server": vcenter.server,
-                "user": vcenter.user,
-                "password": pulumi.Output.secret(vcenter.password),
-                "allowUnverifiedSsl": vcenter.allow_unverified_ssl,
+                "isoName": template_rendering.remastered_iso_name(lab),
+                # No vCenter login here: the provider reads it from the stack config at each call.
             },
             opts=pulumi.ResourceOptions(
                 parent=self,
                 # Kept across lab rebuilds when the config says so (labs-k8s:template.retainOnDestroy).
                 retain_on_delete=lab.template.retain_on_destroy,
-                # The provider echoes its inputs as outputs: keep the password secret there too.
-                additional_secret_outputs=["password"],
                 custom_timeouts=pulumi.CustomTimeouts(create=f"{lab.template.build_timeout_minutes + 30}m"),
             ),
         )
         self.uuid = build.uuid
-        self.register_outputs({"uuid": self.uuid, "name": self.name})
+        # What the builder actually used: debian12_64Guest, or an older id on older vSphere. The
+        # clones must say the same, or vCenter refuses them.
+        self.guest_id = build.guestId
+        self.register_outputs({"uuid": self.uuid, "name": self.name, "guestId": self.guest_id})

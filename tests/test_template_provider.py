@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,8 @@ from components import vsphere as vs
 from components.offline import REPO_ROOT, OfflineRun, run_program
 from components.template import TemplateBuildProvider
 from tests.labs import namespace
-from tests.provider_host import EngineResource, Step, from_struct, proxy_free_environment
+from tests.provider_host import EngineResource, ProviderError, Step, from_struct, proxy_free_environment, to_struct
+from tests.requirements import unavailable
 from tests.standin_iso import build_standin_netinst, serve_directory
 from tests.vcsim import Vcsim
 
@@ -91,14 +92,20 @@ class Installer:
     stuck: bool = False
     isos: list[str] = field(default_factory=list)
     builds: list[str] = field(default_factory=list)
+    pools: list[str] = field(default_factory=list)  # resource pool of each builder (a template has none)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
 
     def start(self) -> Installer:
-        threading.Thread(target=self._run, daemon=True).start()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Before vcsim stops: a call in flight would fail against a closed simulator."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
 
     def _run(self) -> None:
         si = connect(self.sim)
@@ -111,6 +118,7 @@ class Installer:
                         if machine.config.template or vs.power_state(machine) != "poweredOn":
                             continue
                         self.builds.append(machine.name)
+                        self.pools.append(machine.resourcePool.name)
                         self.isos += [
                             d.backing.fileName for d in machine.config.hardware.device
                             if isinstance(d, vim.vm.device.VirtualCdrom)
@@ -179,11 +187,21 @@ def datastore_dir(si: vim.ServiceInstance, sim: Vcsim) -> Path:
     return Path(vs.find_datastore(si, dc, sim.datastore).info.url)
 
 
+def make_pool(si: vim.ServiceInstance, sim: Vcsim, name: str) -> vim.ResourcePool:
+    dc = vs.find_datacenter(si, sim.datacenter)
+    root = vs.find_cluster(si, dc, sim.cluster).resourcePool
+    allocation = vim.ResourceAllocationInfo(
+        reservation=0, expandableReservation=True, limit=-1, shares=vim.SharesInfo(level="normal")
+    )
+    return root.CreateResourcePool(name, vim.ResourceConfigSpec(cpuAllocation=allocation,
+                                                                  memoryAllocation=allocation))
+
+
 # ---------------------------------------------------------------------------- lifecycle
 
 
 def test_lifecycle_through_the_dynamic_provider_host(lab_vcsim, netinst, host_env, installer):
-    """First up, a re-run with no change, refresh and destroy, as the engine drives them."""
+    """First up, a re-run with no change, an in-place update, a replacement, refresh and destroy."""
     sim = lab_vcsim
     built = installer(sim)
     first = program(sim, netinst)
@@ -200,8 +218,13 @@ def test_lifecycle_through_the_dynamic_provider_host(lab_vcsim, netinst, host_en
         template = vs.find_vm_by_uuid(si, engine.state.id)
         assert template is not None and template.name == registered["name"] and template.config.template
         assert outs["uuid"] == engine.state.id and outs["moid"] == template._moId
+        assert outs["guestId"] == template.config.guestId == "debian12_64Guest"
+        assert not {"server", "user", "password"} & set(outs), "the vCenter login is not kept in the state"
         assert vs.verify_template_hardware(template) == []
         assert vs.vm_stack(template) == "labs"
+        # The ISO went to a stack-scoped path, and is gone once the template exists.
+        assert built.isos == [f"[{sim.datastore}] labs-k8s-iso/labs/{registered['name']}.iso"]
+        assert not (datastore_dir(si, sim) / "labs-k8s-iso" / "labs" / f"{registered['name']}.iso").exists()
     finally:
         vs.disconnect(si)
     assert len(built.builds) == 1
@@ -212,16 +235,49 @@ def test_lifecycle_through_the_dynamic_provider_host(lab_vcsim, netinst, host_en
     assert up(engine, again).op == "same"
     assert len(built.builds) == 1
 
-    # 3. Refresh reads it back unchanged.
+    # 3. A change that updates in place: the build VM's size only matters to the next build.
+    bigger = program(sim, netinst, template={"vcpu": 4})
+    old_id = engine.state.id
+    assert up(engine, bigger) == Step("update")
+    assert engine.state.id == old_id and engine.state.plain_outputs["vcpu"] == 4
+    assert len(built.builds) == 1
+
+    # 4. A change that replaces: another folder and resource pool make another template.
+    si = connect(sim)
+    try:
+        vs.find_datacenter(si, sim.datacenter).vmFolder.CreateFolder("labs-k8s-b")
+        make_pool(si, sim, "k8s")
+    finally:
+        vs.disconnect(si)
+    moved = program(sim, netinst, template={"vcpu": 4}, vsphere={"folder": "labs-k8s-b", "resourcePool": "k8s"})
+    step = up(engine, moved)
+    assert step.op == "replace" and {"folder", "resourcePool"} <= set(step.replaces)
+    assert not step.delete_before_replace, "the lab keeps a template while the new one is built"
+    new_name = from_struct(moved.by_name(TEMPLATE).wire_inputs)["name"]
+    assert new_name != registered["name"], "placement is part of the template's identity"
+    si = connect(sim)
+    try:
+        assert vs.find_vm_by_uuid(si, old_id) is None, "the old template is deleted after the new one exists"
+        new = vs.find_vm_by_uuid(si, engine.state.id)
+        assert new is not None and new.name == new_name and new.config.template
+        assert vs.inventory_path(si, new) == f"{sim.datacenter}/vm/labs-k8s-b/{new_name}"
+    finally:
+        vs.disconnect(si)
+    assert len(built.builds) == 2
+    assert built.pools == ["Resources", "k8s"], "built in the cluster's root pool, then in the configured one"
+
+    # 5. Refresh reads it back unchanged.
     before = engine.state.plain_outputs
-    assert engine.refresh(again.config, again.secret_keys).op == "refresh"
+    assert engine.refresh(moved.config, moved.secret_keys).op == "refresh"
     assert engine.state.plain_outputs == before
 
-    # 4. Destroy: the template is gone.
-    assert engine.destroy(again.config, again.secret_keys).op == "delete"
+    # 6. Destroy: nothing of the stack's template is left (template, builder VM, ISO).
+    assert engine.destroy(moved.config, moved.secret_keys).op == "delete"
     si = connect(sim)
     try:
         assert vms_named(si, "labs-k8s-debian12") == {}
+        iso_dir = datastore_dir(si, sim) / "labs-k8s-iso" / "labs"
+        assert not iso_dir.exists() or list(iso_dir.iterdir()) == []
     finally:
         vs.disconnect(si)
 
@@ -255,6 +311,201 @@ def test_refresh_forgets_a_template_deleted_in_vcenter(lab_vcsim, netinst, host_
         vs.disconnect(si)
     assert engine.refresh(run.config, run.secret_keys).op == "gone"
     assert engine.state is None
+
+
+def test_two_stacks_never_touch_each_others_template(lab_vcsim, netinst, host_env, installer):
+    """Same config, same vCenter, two stacks: two templates, two ISO directories, and neither
+    stack's destroy touches the other's template, even from a state that points at it."""
+    sim = lab_vcsim
+    built = installer(sim)
+    runs = {stack: program(sim, netinst, stack=stack) for stack in ("labs", "other")}
+    names = {stack: from_struct(run.by_name(TEMPLATE).wire_inputs)["name"] for stack, run in runs.items()}
+    assert names["labs"] != names["other"]
+    engines = {stack: engine_for(run, host_env) for stack, run in runs.items()}
+    for stack in ("labs", "other"):
+        assert up(engines[stack], runs[stack]).op == "create"
+    assert len(built.builds) == 2, "neither adopted the other's template"
+    assert sorted(built.isos) == sorted(
+        f"[{sim.datastore}] labs-k8s-iso/{stack}/{names[stack]}.iso" for stack in ("labs", "other")
+    )
+    labs_state, other_state = engines["labs"].state, engines["other"].state
+    assert labs_state is not None and other_state is not None and labs_state.id != other_state.id
+    si = connect(sim)
+    try:
+        for stack, engine in engines.items():
+            assert engine.state is not None
+            assert vs.vm_stack(vs.find_vm_by_uuid(si, engine.state.id)) == stack
+    finally:
+        vs.disconnect(si)
+
+    # A state of `other` that points at labs' template (what the old adoption by name left behind):
+    # destroying it leaves labs' template alone.
+    confused = engine_for(runs["other"], host_env)
+    confused.state = replace(other_state, id=labs_state.id)
+    confused.destroy(runs["other"].config, runs["other"].secret_keys)
+
+    assert engines["other"].destroy(runs["other"].config, runs["other"].secret_keys).op == "delete"
+    assert engines["labs"].refresh(runs["labs"].config, runs["labs"].secret_keys).op == "refresh"
+    si = connect(sim)
+    try:
+        assert set(vms_named(si, "labs-k8s-debian12")) == {names["labs"]}
+    finally:
+        vs.disconnect(si)
+
+
+@pytest.mark.parametrize("owner", ["other", None], ids=["another-stack", "untagged"])
+def test_a_vm_with_our_name_that_is_not_ours_is_never_adopted_or_deleted(
+    lab_vcsim, netinst, host_env, installer, owner
+):
+    sim = lab_vcsim
+    built = installer(sim)
+    run = program(sim, netinst)
+    name = from_struct(run.by_name(TEMPLATE).wire_inputs)["name"]
+    si = connect(sim)
+    try:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        pool = vs.find_cluster(si, dc, sim.cluster).resourcePool
+        folder = vs.find_vm_folder(si, dc, FOLDER)
+        extra = vs.stack_tag(owner) if owner else {}
+        spec = vim.vm.ConfigSpec(
+            name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+            files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
+            extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in extra.items()],
+        )
+        foreign = vs.wait_for_task(folder.CreateVM_Task(config=spec, pool=pool), "create a foreign VM")
+        foreign.MarkAsTemplate()  # even a finished template is not adopted
+        uuid = foreign.config.uuid
+    finally:
+        vs.disconnect(si)
+    engine = engine_for(run, host_env)
+    with pytest.raises(ProviderError) as refused:
+        up(engine, run)
+    whose = "stack 'other'" if owner else "no labs-k8s stack (it has no stack tag)"
+    assert f"VM named {name!r} ({sim.datacenter}/vm/{FOLDER}/{name}) that belongs to {whose}" in refused.value.details
+    assert "never adopts, rebuilds over or deletes" in refused.value.details
+    assert engine.state is None and built.builds == []
+    si = connect(sim)
+    try:
+        assert vs.find_vm_by_uuid(si, uuid) is not None, "the foreign VM is untouched"
+    finally:
+        vs.disconnect(si)
+
+
+def test_a_failed_install_keeps_the_builder_for_inspection_and_the_next_up_cleans_it(
+    lab_vcsim, netinst, host_env, installer
+):
+    """The installer hangs (a question the preseed does not answer): the build times out, the
+    builder VM stays, powered off, and the error names it; the next `up` deletes it and builds."""
+    sim = lab_vcsim
+    built = installer(sim)
+    built.stuck = True
+    run = program(sim, netinst, template={"buildTimeoutMinutes": 1})
+    name = from_struct(run.by_name(TEMPLATE).wire_inputs)["name"]
+    engine = engine_for(run, host_env)
+    with pytest.raises(ProviderError) as failed:
+        up(engine, run)
+    message = failed.value.details
+    assert "the unattended install did not finish" in message
+    assert f"The builder VM {sim.datacenter}/vm/{FOLDER}/{name} is kept, powered off, for inspection" in message
+    assert "The next `pulumi up` deletes it and builds the template again" in message
+    assert engine.state is None
+    si = connect(sim)
+    try:
+        kept = vs.find_vm(si, name)
+        assert kept is not None and not kept.config.template
+        assert vs.power_state(kept) == "poweredOff"
+        assert vs.vm_stack(kept) == "labs"
+        kept_moid = kept._moId
+    finally:
+        vs.disconnect(si)
+
+    built.stuck = False
+    assert up(engine, run).op == "create"
+    assert engine.state is not None
+    si = connect(sim)
+    try:
+        # vcsim derives the BIOS UUID from the name, so the managed object id tells the VMs apart.
+        template = vs.find_vm(si, name)  # one VM of that name, or an AmbiguousError
+        assert template is not None and template.config.template and template._moId != kept_moid
+        assert template.config.uuid == engine.state.id
+    finally:
+        vs.disconnect(si)
+
+
+def test_a_rotated_vcenter_password_keeps_refresh_and_destroy_working(lab_vcsim, netinst, host_env, installer):
+    """vcsim starts with one password, then accepts only another. The provider logs in with the
+    stack config's current password at every call, so refresh, up and destroy go on working, and
+    a rotation is no change to the template at all."""
+    sim = lab_vcsim
+    built = installer(sim)
+    run = program(sim, netinst)
+    engine = engine_for(run, host_env)
+    assert up(engine, run).op == "create"
+    assert engine.state is not None
+    first_id = engine.state.id
+
+    rotated = sim.rotate_password("rotated-secret-2")
+    try:
+        vs.disconnect(connect(sim))  # the old password
+    except vs.VSphereError:
+        pass
+    else:
+        unavailable("this vcsim lacks build_vcsim.sh's rotatable-password hook; rebuild it with "
+                    "VCSIM_REBUILD=1 bash tests/tools/build_vcsim.sh")
+    after = program(rotated, netinst)  # the stack config now carries the new password
+    assert engine.refresh(after.config, after.secret_keys).op == "refresh"
+    assert engine.preview(after.by_name(TEMPLATE).wire_inputs, after.config, after.secret_keys).op == "same"
+    assert up(engine, after).op == "same"
+    assert engine.state is not None and engine.state.id == first_id
+    assert len(built.builds) == 1
+
+    # Rotated again, and destroyed straight away.
+    again = sim.rotate_password("rotated-secret-3")
+    last = program(again, netinst)
+    assert engine.destroy(last.config, last.secret_keys).op == "delete"
+    si = connect(again)
+    try:
+        assert vms_named(si, "labs-k8s-debian12") == {}
+    finally:
+        vs.disconnect(si)
+
+
+def test_the_login_comes_from_the_environment_when_the_config_has_none(lab_vcsim, netinst, host_env, installer):
+    """A CLI older than 3.139 configures dynamic providers without the stack config: the provider
+    then reads VSPHERE_* (the engine passes its environment on), or says exactly what is missing."""
+    sim = lab_vcsim
+    installer(sim)
+    run = program(sim, netinst)
+    bare = {key: value for key, value in run.config.items() if not key.startswith("vsphere:")}
+    registered = run.by_name(TEMPLATE).wire_inputs
+    no_login = EngineResource(run.by_name(TEMPLATE).urn, environment=host_env)
+    with pytest.raises(ProviderError) as missing:
+        no_login.up(registered, bare, [])
+    assert "no vCenter login for the golden template: set vsphere:vsphereServer" in missing.value.details
+    assert "VSPHERE_PASSWORD" in missing.value.details
+    login_env = {**host_env, "VSPHERE_SERVER": sim.server, "VSPHERE_USER": sim.user,
+                 "VSPHERE_PASSWORD": sim.password, "VSPHERE_ALLOW_UNVERIFIED_SSL": "true"}
+    from_env = EngineResource(run.by_name(TEMPLATE).urn, environment=login_env)
+    assert from_env.up(registered, bare, []).op == "create"
+
+
+def test_an_older_state_is_brought_up_to_date_in_place(lab_vcsim, netinst, host_env, installer):
+    """States written before the template reported its guest id, and while the vCenter login was
+    one of its inputs: the next `up` fills the guest id in and drops the login, in place."""
+    sim = lab_vcsim
+    built = installer(sim)
+    run = program(sim, netinst)
+    engine = engine_for(run, host_env)
+    up(engine, run)
+    assert engine.state is not None
+    old = {k: v for k, v in from_struct(engine.state.outputs).items() if k != "guestId"}
+    old.update(server=sim.server, user=sim.user, password="a-password-from-long-ago")
+    engine.state = replace(engine.state, outputs=to_struct(old))
+    assert up(engine, run) == Step("update")
+    outputs = engine.state.plain_outputs
+    assert outputs["guestId"] == "debian12_64Guest"
+    assert not {"server", "user", "password"} & set(outputs)
+    assert len(built.builds) == 1
 
 
 def test_provider_survives_the_dynamic_provider_host():

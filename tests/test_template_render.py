@@ -26,6 +26,7 @@ from components.rendering.template import (
     render_preseed,
     render_seal_script,
     template_files,
+    template_identity,
     template_version,
     template_vm_name,
 )
@@ -304,7 +305,6 @@ def test_template_name_is_content_addressed() -> None:
     version = template_version(base)
     assert re.fullmatch(r"[0-9a-f]{12}", version)
     assert template_version(make_lab_config()) == version, "rendering must be deterministic"
-    assert template_vm_name(base) == f"labs-k8s-debian12-{version}"
     assert remastered_iso_name(base) == f"labs-k8s-debian12-{version}.iso"
 
     template_inputs = {
@@ -330,6 +330,35 @@ def test_template_name_is_content_addressed() -> None:
     }
     for what, change in node_inputs.items():
         assert template_version(make_lab_config(**change)) == version, f"the {what} must not rebuild the template"
+
+
+def test_template_name_carries_its_identity() -> None:
+    """Content, placement, firmware and stack: a template differing in any of them has another name,
+    so no `up` mistakes it for its own (a placement change used to adopt, then delete, the old one)."""
+    base = make_lab_config()
+    identity = template_identity(base, "labs")
+    assert re.fullmatch(r"[0-9a-f]{12}", identity)
+    assert template_vm_name(base, "labs") == f"labs-k8s-debian12-{identity}"
+    assert template_identity(make_lab_config(), "labs") == identity, "deterministic"
+    vsphere = namespace()["vsphere"]
+    different = {
+        "stack": (base, "other"),
+        "content": (make_lab_config(template={"isoSha256": "1" * 64}), "labs"),
+        "firmware": (make_lab_config(**EFI), "labs"),
+        **{
+            key: (make_lab_config(vsphere={**vsphere, key: f"elsewhere-{key}"}), "labs")
+            for key in ("datacenter", "computeCluster", "datastore", "network", "folder", "resourcePool")
+        },
+    }
+    for what, (cfg, stack) in different.items():
+        assert template_identity(cfg, stack) != identity, f"the {what} must be part of the template's identity"
+    same = {
+        "worker sizing": {"nodes": {**_nodes(), "workers": {**_nodes()["workers"], "vcpu": 4}}},
+        "build VM size": {"template": {"vcpu": 4, "memoryMib": 4096, "buildTimeoutMinutes": 90}},
+        "kubernetes version": {"kubernetes": {"version": "1.35.2"}},
+    }
+    for what, change in same.items():
+        assert template_identity(make_lab_config(**change), "labs") == identity, f"the {what} is not identity"
 
 
 def _nodes() -> dict[str, Any]:

@@ -207,14 +207,34 @@ def template_version(cfg: LabConfig) -> str:
     return content_hash(*parts)
 
 
-def template_vm_name(cfg: LabConfig) -> str:
-    """The template VM's name in vCenter: `<template.name>-<version>`."""
-    return f"{cfg.template.name}-{template_version(cfg)}"
+def template_identity(cfg: LabConfig, stack: str) -> str:
+    """Hash of everything that makes one template VM different from another: its content
+    (template_version), where it lives (datacenter, cluster, datastore, network, folder, resource
+    pool), its firmware, and the stack that owns it. Two stacks, or two placements, never share a
+    name, so no `up` can mistake another template for its own."""
+    placement = cfg.vsphere
+    return content_hash(
+        f"version={template_version(cfg)}",
+        f"stack={stack}",
+        f"datacenter={placement.datacenter}",
+        f"cluster={placement.compute_cluster}",
+        f"datastore={placement.datastore}",
+        f"network={placement.network}",
+        f"folder={placement.folder}",
+        f"resource-pool={placement.resource_pool or ''}",
+        f"firmware={cfg.template.firmware}",
+    )
+
+
+def template_vm_name(cfg: LabConfig, stack: str) -> str:
+    """The template VM's name in vCenter: `<template.name>-<identity>`."""
+    return f"{cfg.template.name}-{template_identity(cfg, stack)}"
 
 
 def remastered_iso_name(cfg: LabConfig) -> str:
-    """File name of the remastered ISO (on disk and on the datastore)."""
-    return f"{template_vm_name(cfg)}.iso"
+    """File name of the remastered ISO in the local cache: by content only, so a placement change
+    (a new template, same media) reuses it. On the datastore it is stored per stack and template."""
+    return f"{cfg.template.name}-{template_version(cfg)}.iso"
 
 
 __all__ = [
@@ -235,6 +255,7 @@ __all__ = [
     "render_preseed",
     "render_seal_script",
     "template_files",
+    "template_identity",
     "template_version",
     "template_vm_name",
 ]

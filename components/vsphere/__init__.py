@@ -22,7 +22,7 @@ never the submodules, so a function can move between them freely.
 
 from __future__ import annotations
 
-from components.vsphere.datastore import make_datastore_dir, upload_to_datastore
+from components.vsphere.datastore import delete_datastore_file, make_datastore_dir, upload_to_datastore
 from components.vsphere.drills import vm_guest_ips
 from components.vsphere.errors import (
     AmbiguousError,
@@ -110,6 +110,7 @@ __all__ = [
     "collect_properties",
     "connect",
     "create_builder_vm",
+    "delete_datastore_file",
     "destroy_vm",
     "detach_iso",
     "disconnect",

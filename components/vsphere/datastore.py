@@ -13,9 +13,9 @@ from pathlib import Path
 
 from pyVmomi import vim
 
-from components.vsphere.errors import VSphereError
+from components.vsphere.errors import TaskError, VSphereError
 from components.vsphere.inventory import find_datacenter, find_datastore, inventory_path
-from components.vsphere.session import _ENDPOINTS
+from components.vsphere.session import _ENDPOINTS, wait_for_task
 
 
 def make_datastore_dir(si: vim.ServiceInstance, datacenter: str, datastore: str, path: str) -> str:
@@ -77,3 +77,16 @@ def upload_to_datastore(
             f"upload to [{ds.name}] {remote} failed: HTTP {response.status} {response.reason} {body}".strip()
         )
     return f"[{ds.name}] {remote}"
+
+
+def delete_datastore_file(si: vim.ServiceInstance, datacenter: str, ds_path: str, timeout_s: float = 300) -> bool:
+    """Delete ``[datastore] path`` (a file or a directory); False when it was not there."""
+    dc = find_datacenter(si, datacenter)
+    manager = si.RetrieveContent().fileManager
+    try:
+        wait_for_task(manager.DeleteDatastoreFile_Task(name=ds_path, datacenter=dc), f"deleting {ds_path}", timeout_s)
+    except TaskError as error:
+        if isinstance(error.fault, vim.fault.FileNotFound):
+            return False
+        raise
+    return True

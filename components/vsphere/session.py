@@ -172,15 +172,34 @@ def _fault_text(error: Any) -> str:
     return f"{name}: {text}" if text else name
 
 
+def _task_state(task: vim.Task) -> tuple[Any, Any, Any]:
+    """(state, error, result) of a task."""
+    try:
+        info = task.info
+        return info.state, info.error, info.result
+    except TypeError:
+        # vcsim 0.24 gives FileManager tasks the FileManager as info.entity, which pyVmomi refuses
+        # to parse (entity must be a ManagedEntity): read the three fields we need on their own.
+        collector = vim.ServiceInstance("ServiceInstance", task._stub).RetrieveContent().propertyCollector
+        spec = vmodl.query.PropertyCollector.FilterSpec(
+            objectSet=[vmodl.query.PropertyCollector.ObjectSpec(obj=task)],
+            propSet=[vmodl.query.PropertyCollector.PropertySpec(
+                type=vim.Task, pathSet=["info.state", "info.error", "info.result"]
+            )],
+        )
+        fields = {p.name: p.val for o in collector.RetrieveContents([spec]) for p in o.propSet}
+        return fields.get("info.state"), fields.get("info.error"), fields.get("info.result")
+
+
 def wait_for_task(task: vim.Task, what: str, timeout_s: float = 600, poll_s: float = 0.5) -> Any:
     """Wait for a vCenter task; return its result or raise with the fault text."""
     deadline = time.monotonic() + timeout_s
     while True:
-        info = task.info
-        if info.state == vim.TaskInfo.State.success:
-            return info.result
-        if info.state == vim.TaskInfo.State.error:
-            raise TaskError(f"{what} failed: {_fault_text(info.error)}", info.error)
+        state, error, result = _task_state(task)
+        if state == vim.TaskInfo.State.success:
+            return result
+        if state == vim.TaskInfo.State.error:
+            raise TaskError(f"{what} failed: {_fault_text(error)}", error)
         if time.monotonic() >= deadline:
             raise VSphereTimeoutError(f"{what} did not finish within {timeout_s:g}s (task {task._moId})")
         time.sleep(poll_s)

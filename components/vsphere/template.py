@@ -289,15 +289,15 @@ def create_builder_vm(si: vim.ServiceInstance, spec: BuilderVmSpec) -> BuilderVm
 def wait_for_power_off(vm: vim.VirtualMachine, timeout_s: float, poll_s: float = 2.0) -> None:
     """Wait for the installer to power the VM off (preseed ends with poweroff).
 
-    A timeout usually means the installer stopped at a question: open the VM
-    console to see which one.
+    A timeout usually means the installer stopped at a question the preseed does
+    not answer (or cannot reach its mirror); the VM console shows which.
     """
     try:
         wait_for_power_state(vm, "poweredOff", timeout_s, poll_s)
     except VSphereTimeoutError as exc:
         raise VSphereTimeoutError(
-            f"{exc}; the unattended install did not finish: open the console of {vm.name!r} "
-            "to see where the installer stopped"
+            f"{exc}; the unattended install did not finish (the installer usually stops at a question "
+            "the preseed does not answer, or cannot reach its mirror: the VM console shows which)"
         ) from exc
 
 
