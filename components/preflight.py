@@ -12,6 +12,7 @@ import pulumi
 from components import releases
 from components.config import LabConfig, Role
 from components.fleet import anti_affinity_rule_name
+from components.rendering.template import template_vm_name
 from components.stack_config import StackInputs
 
 
@@ -27,7 +28,7 @@ def preflight_spec(lab: LabConfig, stack: str) -> object:
         for role in Role
         if lab.anti_affinity.for_role(role) != "off" and len(lab.nodes_of(role)) > 1
     )
-    vms = tuple(
+    nodes = tuple(
         vsphere.PlannedVm(
             name=node.name,
             ip_addresses=(str(node.ip),),
@@ -36,6 +37,14 @@ def preflight_spec(lab: LabConfig, stack: str) -> object:
         )
         for node in lab.all_nodes
     )
+    # The golden template: its disk, and its builder VM's swap while the installer runs.
+    template = vsphere.PlannedVm(
+        name=template_vm_name(lab, stack),
+        ip_addresses=(str(lab.template.build_ip),) if lab.template.build_ip else (),
+        disk_gib=(lab.template.disk_gib,),
+        memory_mib=lab.template.memory_mib,
+    )
+    vms = (template, *nodes)
     return vsphere.PreflightSpec(
         datacenter=lab.vsphere.datacenter,
         cluster=lab.vsphere.compute_cluster,
@@ -81,6 +90,13 @@ def run_preflight(inputs: StackInputs) -> None:
         raise pulumi.RunError(f"preflight could not check vCenter: {error}{also}") from None
     for finding in release:
         (report.error if finding.error else report.warn)("kubernetes", finding.message)
+    for note in report.notes:
+        pulumi.log.info(f"preflight: {note}")
+    if report.existing_vms:
+        pulumi.log.info(
+            f"preflight: {len(report.existing_vms)} of the stack's VMs exist already; the datastore check "
+            "counts only what is still to be created"
+        )
     for warning in report.warnings:
         pulumi.log.warn(f"preflight: {warning}")
     if not report.ok:

@@ -19,6 +19,7 @@ from components import releases
 from components import vsphere as vs
 from components.config import LabConfig
 from components.preflight import preflight_spec, release_findings, run_preflight
+from components.rendering.template import template_vm_name
 from components.stack_config import StackInputs, VcenterCredentials
 from tests.test_config import problems
 
@@ -76,19 +77,21 @@ def test_spec_carries_rules_vms_and_the_vip(lab_config):
     assert rules["labs-k8s-labs-control-planes"].mandatory is True
     assert rules["labs-k8s-labs-workers"].mandatory is False
     assert len(rules["labs-k8s-labs-control-planes"].vm_names) == 3
-    assert {vm.name for vm in spec.vms} == {n.name for n in lab_config.all_nodes}
+    template = template_vm_name(lab_config, "labs")
+    assert {vm.name for vm in spec.vms} == {n.name for n in lab_config.all_nodes} | {template}
+    assert next(vm for vm in spec.vms if vm.name == template).disk_gib == (lab_config.template.disk_gib,)
     assert spec.extra_ips == ("10.3.60.100",)
     m01 = next(vm for vm in spec.vms if vm.name == "labs-k8s-m01")
     assert m01.disk_gib == (lab_config.template.disk_gib, 20)
 
 
-def small_disks(lab: LabConfig) -> LabConfig:
+def small_disks(lab: LabConfig, gib: int = 1) -> LabConfig:
     """vcsim's datastore reports this machine's free disk; keep the lab well inside it."""
     nodes = lab.nodes.model_copy(
-        update={role: getattr(lab.nodes, role).model_copy(update={"data_disk_gib": 1})
+        update={role: getattr(lab.nodes, role).model_copy(update={"data_disk_gib": gib})
                 for role in ("control_planes", "workers")}
     )
-    return lab.model_copy(update={"nodes": nodes, "template": lab.template.model_copy(update={"disk_gib": 1})})
+    return lab.model_copy(update={"nodes": nodes, "template": lab.template.model_copy(update={"disk_gib": gib})})
 
 
 def test_too_small_datastore_fails(with_folder, lab_config, monkeypatch):
@@ -151,6 +154,44 @@ def test_our_own_vms_are_not_collisions(with_folder, lab_config, monkeypatch):
         run_preflight(inputs_for(sim, lab, monkeypatch))
     assert "labs-k8s-w02" in str(caught.value)
     assert "labs-k8s-w01" not in str(caught.value)
+
+
+def test_a_lab_that_exists_passes_preflight(with_folder, lab_config, monkeypatch):
+    """Every re-run and every PR preview runs preflight against the lab it built: the stack's own
+    VMs (and template) already hold their space, and the free space vCenter reports is what they
+    left. Sized so that the lab fits the empty datastore, but not twice."""
+    sim = with_folder(hosts=3)
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        free = vs.find_datastore(si, dc, sim.datastore).summary.freeSpace
+    gib = max(1, int(free / vs.GiB / 20))  # 8 VMs, 13 disks: 65 % of the free space, 75 % with margin
+    lab = small_disks(lab_config, gib)
+    # Little memory too: swap files count, and this machine's free space is not the subject.
+    nodes = lab.nodes.model_copy(update={role: getattr(lab.nodes, role).model_copy(update={"memory_mib": 256})
+                                         for role in ("balancers", "control_planes", "workers")})
+    lab = lab_on(sim, lab.model_copy(update={
+        "nodes": nodes, "template": lab.template.model_copy(update={"memory_mib": 256})}))
+    info: list[str] = []
+    monkeypatch.setattr(pulumi.log, "info", lambda message, *a, **k: info.append(message))
+    run_preflight(inputs_for(sim, lab, monkeypatch))  # the first `up`: it fits
+    planned = preflight_spec(lab, "labs").vms
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        for vm in planned:
+            built = vs.create_builder_vm(si, vs.BuilderVmSpec(
+                name=vm.name, datacenter=sim.datacenter, cluster=sim.cluster, datastore=sim.datastore,
+                network=sim.network, iso_path=f"[{sim.datastore}] iso/none.iso", folder=FOLDER,
+                disk_gib=sum(vm.disk_gib), memory_mib=vm.memory_mib, extra_config=vs.stack_tag("labs"),
+            ))
+            if vm.name.startswith(lab.template.name):
+                vs.detach_iso(built.vm, remove_device=True)
+                vs.mark_as_template(built.vm)
+            else:
+                vs.power_on(built.vm)
+    info.clear()
+    run_preflight(inputs_for(sim, lab, monkeypatch))  # the re-run: raises on any error
+    assert "preflight: guest id: the template and its clones will use debian12_64Guest" in info
+    assert f"preflight: {len(planned)} of the stack's VMs exist already; the datastore check counts only " \
+           "what is still to be created" in info
 
 
 def test_plain_password_stays_out_of_reprs():

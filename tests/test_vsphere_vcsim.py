@@ -495,6 +495,39 @@ def test_preflight_passes_on_three_hosts(si: vim.ServiceInstance, vcsim: Vcsim) 
     assert report.datastore_free_bytes is not None and report.datastore_free_bytes > report.required_bytes > 0
     # 7 x 2 GiB disks + 7 x 0.5 GiB swap, plus 15 %
     assert report.required_bytes == int((7 * 2 + 7 * 0.5) * vs.GiB * 1.15)
+    # vcsim cannot tell which guest ids it supports: preflight says so, and which one it will use.
+    assert report.guest_id == "debian12_64Guest"
+    assert report.notes[0] == "guest id: the template and its clones will use debian12_64Guest"
+    assert "using debian12_64Guest unverified" in report.notes[1]
+
+
+def test_preflight_counts_only_what_does_not_exist_yet(si: vim.ServiceInstance, vcsim: Vcsim) -> None:
+    """A re-run (or a PR preview) of a lab that exists: its VMs hold their disks and swap already,
+    and the datastore's free space is what they left (vcsim, like vCenter, subtracts their disks).
+
+    The lab fits on the empty datastore. With six of its seven VMs there (ours, running), only the
+    seventh is still to be allocated; asking for all seven again would fail every re-run.
+    """
+    free = vs.preflight(si, preflight_spec(vcsim, vms=())).datastore_free_bytes
+    assert free is not None
+    each = max(1, int(free / vs.GiB / 10))  # the lab takes 7/10 of the free space, plus margin
+    vms = tuple(dataclasses.replace(vm, disk_gib=(each,), memory_mib=256) for vm in cluster_vms(7))
+    before = vs.preflight(si, preflight_spec(vcsim, vms=vms))
+    assert before.ok, before.render()
+    for vm in vms[:6]:
+        built = vs.create_builder_vm(si, builder_spec(vcsim, name=vm.name, disk_gib=each, memory_mib=256))
+        vs.power_on(built.vm)
+    after = vs.preflight(si, preflight_spec(vcsim, vms=vms))
+    assert after.ok, after.render()
+    assert after.datastore_free_bytes is not None and after.datastore_free_bytes < free - 5 * each * vs.GiB
+    assert before.existing_vms == [] and after.existing_vms == [vm.name for vm in vms[:6]]
+    assert after.required_bytes == int((each * vs.GiB + 256 * 1024**2) * 1.15), "only the seventh VM"
+    # Another stack's VM with one of our names holds nothing for us: it is a collision instead.
+    vs.destroy_vm(vs.get_vm(si, vms[0].name))
+    vs.create_builder_vm(si, builder_spec(vcsim, name=vms[0].name, disk_gib=each, extra_config=vs.stack_tag("x")))
+    clash = vs.preflight(si, preflight_spec(vcsim, vms=vms))
+    assert "names" in {f.check for f in clash.errors}, clash.render()
+    assert vms[0].name not in clash.existing_vms
 
 
 def test_preflight_two_hosts_cannot_hold_a_mandatory_three_vm_rule(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,16 +21,28 @@ from components.vsphere.inventory import (
     vm_stack,
 )
 from components.vsphere.session import GiB, collect_properties
+from components.vsphere.template import DEBIAN12_GUEST_ID, GUEST_ID_FALLBACKS, choose_guest_id
+
+MiB = 1024**2
 
 
 @dataclass(frozen=True)
 class PlannedVm:
-    """A VM the stack will create: its name, IPs and eager-zeroed disks."""
+    """A VM the stack will have: its name, IPs and eager-zeroed disks (the golden template too)."""
 
     name: str
     ip_addresses: tuple[str, ...] = ()
     disk_gib: tuple[int, ...] = ()
     memory_mib: int = 0  # its .vswp swap file is this big (no reservation)
+
+
+@dataclass(frozen=True)
+class HeldSpace:
+    """What one of the stack's VMs that already exists holds on the target datastore."""
+
+    disk_bytes: int
+    swap_bytes: int  # a running VM's .vswp; a template or a stopped VM has none
+    template: bool = False  # never powered on, so it will never need swap
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,9 @@ class PreflightReport:
     connected_hosts: int | None = None
     datastore_free_bytes: int | None = None
     required_bytes: int = 0
+    existing_vms: list[str] = field(default_factory=list)  # the stack's own, already holding their space
+    guest_id: str | None = None  # the guest id the template and its clones will use here
+    notes: list[str] = field(default_factory=list)  # facts worth printing, not problems
 
     @property
     def ok(self) -> bool:
@@ -162,23 +178,39 @@ def _check_datastore(
     spec: PreflightSpec,
     datastore: vim.Datastore,
     hosts: list[tuple[Any, dict[str, Any]]],
+    held: Mapping[str, HeldSpace],
 ) -> None:
     summary = datastore.summary
     if not summary.accessible:
         report.error("datastore", f"datastore {datastore.name!r} is not accessible; check its mounts")
         return
-    disks = sum(g for vm in spec.vms for g in vm.disk_gib) * GiB
-    swap = sum(vm.memory_mib for vm in spec.vms) * 1024 * 1024
+    # Only what does not exist yet: on a re-run or a PR preview the stack's own VMs already hold
+    # their disks and swap, and the datastore's free space is what is left after them.
+    disks = swap = 0
+    for vm in spec.vms:
+        planned_disk = sum(vm.disk_gib) * GiB
+        planned_swap = vm.memory_mib * MiB
+        space = held.get(vm.name)
+        if space is not None:
+            planned_disk = max(0, planned_disk - space.disk_bytes)
+            planned_swap = 0 if space.template else max(0, planned_swap - space.swap_bytes)
+        disks += planned_disk
+        swap += planned_swap
+    report.existing_vms = sorted(held)
     required = int((disks + swap) * (1 + spec.free_space_margin))
     report.required_bytes = required
     report.datastore_free_bytes = int(summary.freeSpace)
     if summary.freeSpace < required:
+        existing = (
+            f"; the stack's VMs that exist already ({', '.join(sorted(held))}) are not counted again"
+            if held else ""
+        )
         report.error(
             "datastore",
             f"datastore {datastore.name!r} has {summary.freeSpace / GiB:.1f} GiB free, but the stack needs "
-            f"{required / GiB:.1f} GiB ({disks / GiB:.0f} GiB of eager-zeroed disks, which are fully "
+            f"{required / GiB:.1f} GiB more ({disks / GiB:.0f} GiB of eager-zeroed disks, which are fully "
             f"allocated at clone time, + {swap / GiB:.1f} GiB of VM swap files + "
-            f"{spec.free_space_margin:.0%} margin). Free space, pick a bigger datastore, or shrink the disks",
+            f"{spec.free_space_margin:.0%} margin{existing}). Free space, pick a bigger datastore, or shrink the disks",
         )
     mounted = [props["name"] for _, props in hosts if datastore in (props.get("datastore") or [])]
     unmounted = sorted(props["name"] for _, props in hosts if props["name"] not in mounted)
@@ -200,12 +232,18 @@ def _check_datastore(
         )
 
 
-def _check_collisions(report: PreflightReport, spec: PreflightSpec, si: vim.ServiceInstance) -> None:
-    """Our names and IPs must not be in use by VMs of any other stack (whole vCenter)."""
+def _check_collisions(
+    report: PreflightReport, spec: PreflightSpec, si: vim.ServiceInstance
+) -> list[vim.VirtualMachine]:
+    """Our names and IPs must not be in use by VMs of any other stack (whole vCenter).
+
+    Returns the VMs that are this stack's own (its name, its tag): they exist already.
+    """
     names = {vm.name for vm in spec.vms}
     owner_of_ip = {ip: vm.name for vm in spec.vms for ip in vm.ip_addresses}
     owner_of_ip.update({ip: "extra address" for ip in spec.extra_ips})
     root = si.RetrieveContent().rootFolder
+    own: list[vim.VirtualMachine] = []
     for vm, props in collect_properties(si, root, vim.VirtualMachine, ["name", "guest.ipAddress", "guest.net"]):
         name = props.get("name", "")
         clashes = sorted(vm_ips(props) & owner_of_ip.keys())
@@ -214,6 +252,8 @@ def _check_collisions(report: PreflightReport, spec: PreflightSpec, si: vim.Serv
         # Only now read extraConfig: it is large, and only suspects need it.
         stack = vm_stack(vm)
         if spec.stack and stack == spec.stack:
+            if name in names:
+                own.append(vm)
             continue
         owner = f"stack {stack!r}" if stack else "no stack of ours"
         path = inventory_path(si, vm)
@@ -229,6 +269,41 @@ def _check_collisions(report: PreflightReport, spec: PreflightSpec, si: vim.Serv
                 f"address {ip} (planned for {owner_of_ip[ip]}) is already used by VM {path} ({owner}). "
                 "Pick another address in the stack configuration or free it",
             )
+    return own
+
+
+def _on(backing: Any, datastore: vim.Datastore) -> bool:
+    if getattr(backing, "datastore", None) is not None:
+        return bool(backing.datastore == datastore)
+    return str(getattr(backing, "fileName", "")).startswith(f"[{datastore.name}]")
+
+
+def _held_space(vms: list[vim.VirtualMachine], datastore: vim.Datastore) -> dict[str, HeldSpace]:
+    """Disk and swap the stack's existing VMs hold on ``datastore`` (a VM elsewhere holds none there)."""
+    held: dict[str, HeldSpace] = {}
+    for vm in vms:
+        config = vm.config
+        disk_bytes = sum(
+            int(device.capacityInBytes or device.capacityInKB * 1024)
+            for device in config.hardware.device
+            if isinstance(device, vim.vm.device.VirtualDisk) and _on(device.backing, datastore)
+        )
+        running = str(vm.runtime.powerState) == "poweredOn"
+        swap_bytes = int(config.hardware.memoryMB) * MiB if running and not config.template else 0
+        held[vm.name] = HeldSpace(disk_bytes=disk_bytes, swap_bytes=swap_bytes, template=bool(config.template))
+    return held
+
+
+def _check_guest_id(report: PreflightReport, cluster: vim.ClusterComputeResource) -> None:
+    """Which guest id the template (and so every clone) will get on this vSphere."""
+    try:
+        guest_id, notes = choose_guest_id(cluster, DEBIAN12_GUEST_ID, GUEST_ID_FALLBACKS)
+    except VSphereError as error:
+        report.error("guest id", str(error))
+        return
+    report.guest_id = guest_id
+    report.notes.append(f"guest id: the template and its clones will use {guest_id}")
+    report.notes.extend(f"guest id: {note}" for note in notes)
 
 
 def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
@@ -249,6 +324,7 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
     if dc is None:
         _check_collisions(report, spec, si)
         return report
+    own = _check_collisions(report, spec, si)
     cluster = _lookup(
         report, "cluster", "Fix the cluster name in the stack configuration.", find_cluster, si, dc, spec.cluster
     )
@@ -293,7 +369,7 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
         _check_drs(report, spec, cluster)
         hosts = _connected_hosts(si, cluster)
         _check_hosts(report, spec, cluster, len(hosts))
+        _check_guest_id(report, cluster)
     if datastore is not None:
-        _check_datastore(report, spec, datastore, hosts)
-    _check_collisions(report, spec, si)
+        _check_datastore(report, spec, datastore, hosts, _held_space(own, datastore))
     return report
