@@ -314,26 +314,29 @@ def test_the_documented_example_comment_is_what_a_real_run_posts(haproxy_timeout
 
 
 def test_run_documents_compare_secrets_without_holding_them():
-    from components.offline import run_document, run_from_document, run_program
+    from components.offline import PLACEHOLDER_PRIVATE_KEY, run_document, run_from_document, run_program
 
+    # The SSH private key reaches every remote step's `connection` (the vCenter password reaches no
+    # resource: the template's provider reads it from the stack config at each call).
+    old, new = (PLACEHOLDER_PRIVATE_KEY.replace("RENDER-PLACEHOLDER", tag) for tag in ("OLD-KEY", "NEW-KEY"))
     key = b"k" * 32
-    before = run_from_document(run_document(run_program("labs", overrides={"vsphere:password": "old-Pa55"}), key))
-    after = run_from_document(run_document(run_program("labs", overrides={"vsphere:password": "new-Pa55"}), key))
-    template_before, template_after = before.by_name("golden-template"), after.by_name("golden-template")
-    assert template_before.inputs["password"] == template_after.inputs["password"] == "[secret]"
-    assert template_before.plain_inputs["password"] != template_after.plain_inputs["password"]
-    assert template_before.plain_inputs["password"].startswith("[secret:")
-    # Everything else is equal, secrets included (the same key, the same values).
+    before = run_from_document(run_document(run_program("labs", overrides={"labs-k8s:sshPrivateKey": old}), key))
+    after = run_from_document(run_document(run_program("labs", overrides={"labs-k8s:sshPrivateKey": new}), key))
+    ready_before, ready_after = before.by_name("labs-k8s-w01-ready"), after.by_name("labs-k8s-w01-ready")
+    assert ready_before.inputs["connection"] == ready_after.inputs["connection"] == "[secret]"
+    assert ready_before.plain_inputs["connection"] != ready_after.plain_inputs["connection"]
+    assert ready_before.plain_inputs["connection"].startswith("[secret:")
+    # Everything that does not log in over SSH is equal, secrets included (same key, same values).
     for urn, registration in before.registrations.items():
-        if registration.name != "golden-template":
+        if "connection" not in registration.inputs:
             assert registration.plain_inputs == after.registrations[urn].plain_inputs, registration.name
             assert sorted(registration.dependencies) == sorted(after.registrations[urn].dependencies)
     # The options survive the trip; a fingerprint depends on the key and never holds the value.
     assert "triggers" in before.by_name("labs-k8s-w01-leave-cluster").replace_on_changes
-    other_key = run_document(run_program("labs", overrides={"vsphere:password": "old-Pa55"}), b"x" * 32)
-    assert "old-Pa55" not in json.dumps(other_key)
-    assert run_from_document(other_key).by_name("golden-template").plain_inputs["password"] != \
-        template_before.plain_inputs["password"]
+    other_key = run_document(run_program("labs", overrides={"labs-k8s:sshPrivateKey": old}), b"x" * 32)
+    assert "OLD-KEY" not in json.dumps(other_key)
+    assert run_from_document(other_key).by_name("labs-k8s-w01-ready").plain_inputs["connection"] != \
+        ready_before.plain_inputs["connection"]
 
 
 def test_an_encrypted_value_renders_as_a_placeholder_named_after_its_ciphertext():
