@@ -141,7 +141,7 @@ class TemplateBuildProvider(ResourceProvider):
 
     def _login(self, props: Mapping[str, Any]) -> VcenterLogin:
         from components import vsphere
-        from components.stack_config import truthy
+        from components.stack_config import provider_bool
 
         current: Mapping[str, str | None] = getattr(self, "_configured", None) or {}
         # A state written when the login was an input still carries it: the fallback for a CLI
@@ -155,15 +155,14 @@ class TemplateBuildProvider(ResourceProvider):
                 "vsphere:password in the stack config, or VSPHERE_SERVER, VSPHERE_USER and VSPHERE_PASSWORD in "
                 "the environment (a Pulumi CLI older than 3.139.0 passes only the environment to this provider)"
             )
-        insecure = current.get("allowUnverifiedSsl")
+        raw_insecure = current.get("allowUnverifiedSsl")
+        try:
+            insecure = provider_bool(raw_insecure, default=bool(props.get("allowUnverifiedSsl", False)))
+        except ValueError as error:
+            raise TemplateBuildError(f"vsphere:allowUnverifiedSsl (or VSPHERE_ALLOW_UNVERIFIED_SSL): {error}") from None
         address = vsphere.parse_server(str(server))
-        return VcenterLogin(
-            host=address.host,
-            port=address.port,
-            user=str(user),
-            password=str(password),
-            insecure=truthy(insecure) if insecure is not None else bool(props.get("allowUnverifiedSsl", False)),
-        )
+        return VcenterLogin(host=address.host, port=address.port, user=str(user), password=str(password),
+                            insecure=insecure)
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         # Runs in previews too: a missing input fails there, not an hour into a build.

@@ -318,7 +318,8 @@ def test_run_documents_compare_secrets_without_holding_them():
 
     # The SSH private key reaches every remote step's `connection` (the vCenter password reaches no
     # resource: the template's provider reads it from the stack config at each call).
-    old, new = (PLACEHOLDER_PRIVATE_KEY.replace("RENDER-PLACEHOLDER", tag) for tag in ("OLD-KEY", "NEW-KEY"))
+    old, new = (PLACEHOLDER_PRIVATE_KEY.replace("sshPrivateKey", f"sshPrivateKey {tag}")
+                for tag in ("OLD-KEY", "NEW-KEY"))
     key = b"k" * 32
     before = run_from_document(run_document(run_program("labs", overrides={"labs-k8s:sshPrivateKey": old}), key))
     after = run_from_document(run_document(run_program("labs", overrides={"labs-k8s:sshPrivateKey": new}), key))
