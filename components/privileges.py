@@ -201,12 +201,19 @@ API_CALLS: tuple[ApiCall, ...] = (
             "find_datacenter(), _find_under(): paths from the root folder"),
     ApiCall("template", "vim.SearchIndex.FindByUuid", ("System.View",), "preview",
             "find_vm_by_uuid(): the template provider's read (refresh) and delete"),
-    ApiCall("template", "vim.EnvironmentBrowser.QueryConfigOptionEx", ("System.View",), "up",
-            "choose_guest_id(): which guest ids the cluster's hosts know"),
+    ApiCall("template, preflight", "vim.EnvironmentBrowser.QueryConfigOptionEx", ("System.View",), "preview",
+            "choose_guest_id(): which guest ids the cluster's hosts know (preflight reports it, the builder "
+            "uses it)"),
+    ApiCall("template", "vmodl.query.PropertyCollector.RetrieveContents", ("System.Anonymous", "System.Read"),
+            "up", "wait_for_task(): a task's state read field by field when its TaskInfo does not parse "
+            "(vcsim's FileManager tasks)"),
     # ------------------------------------------------------------------ the golden template (pyvmomi)
     ApiCall("template", "vim.FileManager.MakeDirectory", ("Datastore.FileManagement", "System.View"), "up",
             f"make_datastore_dir() for the ISO; {_API}: MakeDirectory needs Datastore.FileManagement on the "
             "datastore, System.View on the datacenter"),
+    ApiCall("template", "vim.FileManager.DeleteDatastoreFile_Task", ("Datastore.FileManagement", "System.View"),
+            "up", f"delete_datastore_file(): the install ISO once the template exists, and on delete; {_API}: "
+            "DeleteDatastoreFile_Task needs Datastore.FileManagement on the datastore"),
     ApiCall("template", "HTTPS PUT /folder/<path>?dcPath=&dsName=", ("Datastore.FileManagement", "System.View"), "up",
             "upload_to_datastore(): vCenter resolves dcPath from the root folder, then writes the file"),
     ApiCall("template", "vim.Folder.CreateVM_Task",
