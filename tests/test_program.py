@@ -133,6 +133,17 @@ def test_template_inputs_carry_the_hardware(offline_run):
     assert not {"server", "user", "password", "allowUnverifiedSsl"} & set(inputs)
 
 
+def test_clones_take_the_templates_guest_id(offline_run):
+    """Not a constant: the guest id the builder used (an older one on vSphere without
+    debian12_64Guest), through each node's clone source, so a rebuilt template moves no running node."""
+    template = offline_run.by_name("golden-template")
+    for node in NODES:
+        vm, source = offline_run.by_name(node), offline_run.by_name(f"{node}-clone-source")
+        assert source.property_dependencies["guestId"] == [template.urn]
+        assert vm.property_dependencies["guestId"] == [source.urn]
+        assert vm.plain_inputs["guestId"] == "debian12_64Guest"  # what the mock template reports
+
+
 def test_template_is_deleted_on_destroy_unless_retained(offline_run, run_with, lab_namespace):
     assert offline_run.by_name("golden-template").retain_on_delete is False
     kept = run_with(template=dict(lab_namespace["template"], retainOnDestroy=True))
@@ -152,7 +163,7 @@ def test_template_uuid_feeds_every_clone_through_its_clone_source(offline_run, l
         assert template.urn in source.property_dependencies["template"]
         assert source.plain_inputs == {
             "node": vm.name, "identity": instance_id(lab_config, nodes[vm.name]),
-            "template": source.plain_inputs["template"],
+            "template": source.plain_inputs["template"], "guestId": "debian12_64Guest",
         }
         assert source.plain_inputs["template"].startswith("4201")
         assert vm.property_dependencies["clone"] == [source.urn]
