@@ -153,6 +153,14 @@ class LoadBalancerConfig(_Model):
     allow_single_balancer: bool = False
 
 
+class UpgradeConfig(_Model):
+    """How a change of `kubernetes.version` rolls through the running cluster (docs/runbook.md)."""
+
+    # Workers drained and upgraded at the same time. kubeadm's procedure: "one node at a time or few
+    # nodes at a time, without compromising the minimum required capacity for running your workloads".
+    workers_at_once: int = 1
+
+
 class KubernetesConfig(_Model):
     version: str = "1.36.0"
     pod_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("10.244.0.0/16")
@@ -163,6 +171,7 @@ class KubernetesConfig(_Model):
     containerd_version: str = "2.2.1"
     # Explicit non-HA opt-in: exactly one control plane.
     allow_single_control_plane: bool = False
+    upgrade: UpgradeConfig = UpgradeConfig()
 
     @property
     def minor(self) -> int:
@@ -565,7 +574,16 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
         needed = (2, 0) if int(match.group(1)) >= CONTAINERD_2_FROM_MINOR else (1, 7)
         if (int(containerd.group(1)), int(containerd.group(2))) < needed:
             add(ConfigProblem("kubernetes.containerdVersion", f"containerd {cfg.kubernetes.containerd_version} is "
-                              f"too old for Kubernetes {cfg.kubernetes.version}; use {needed[0]}.{needed[1]} or newer"))
+                              f"too old for Kubernetes {cfg.kubernetes.version} (labs-k8s:kubernetes.version); use "
+                              f"{needed[0]}.{needed[1]} or newer, or stay on a minor it supports"))
+
+    # Rolling upgrades: never drain every worker at once (their pods would have nowhere to go).
+    workers_at_once = cfg.kubernetes.upgrade.workers_at_once
+    most = max(1, len(cfg.nodes.workers.hosts) - 1)
+    if not 1 <= workers_at_once <= most:
+        add(ConfigProblem("kubernetes.upgrade.workersAtOnce", f"{workers_at_once} is out of range; use 1 to {most} "
+                          f"(fewer than the {len(cfg.nodes.workers.hosts)} workers, so that drained workloads "
+                          "have somewhere to run)"))
 
     # SSH.
     ssh_problem = _ssh_key_problem(cfg.ssh.public_key)

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 HOUR = 3600.0
+KUBELET_VERSION = "v1.36.0"
 CERT_TOKEN_TTL = 2 * HOUR  # constants.DefaultCertTokenDuration
 TOKEN_TTL = 24 * HOUR  # constants.DefaultTokenDuration
 
@@ -924,7 +925,12 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
                 {
                     "metadata": {"name": n, "labels": v.get("labels", {})},
                     "spec": {"unschedulable": v.get("unschedulable", False)},
-                    "status": {"conditions": [{"type": "Ready", "status": "True" if node_ready(c, n) else "False"}]},
+                    "status": {
+                        "conditions": [{"type": "Ready", "status": "True" if node_ready(c, n) else "False"}],
+                        # The model's kubelets run the version its kubeadm lists images for (`config
+                        # images`); a test sets another with the node's "kubelet_version".
+                        "nodeInfo": {"kubeletVersion": v.get("kubelet_version", KUBELET_VERSION)},
+                    },
                 }
                 for n, v in sorted(c.s["nodes"].items())
             ]

@@ -175,8 +175,10 @@ def test_unsupported_kubernetes_version(lab_namespace, version):
     [
         ({"containerdVersion": "2.2"}, "not a containerd release"),
         ({"containerdVersion": "latest"}, "not a containerd release"),
-        ({"containerdVersion": "1.7.28"}, "too old for Kubernetes 1.36.0; use 2.0 or newer"),
-        ({"version": "1.35.2", "containerdVersion": "1.6.20"}, "too old for Kubernetes 1.35.2; use 1.7 or newer"),
+        ({"containerdVersion": "1.7.28"},
+         "too old for Kubernetes 1.36.0 (labs-k8s:kubernetes.version); use 2.0 or newer"),
+        ({"version": "1.35.2", "containerdVersion": "1.6.20"},
+         "too old for Kubernetes 1.35.2 (labs-k8s:kubernetes.version); use 1.7"),
     ],
 )
 def test_containerd_version_is_a_release_the_kubernetes_minor_supports(lab_namespace, kubernetes, message):

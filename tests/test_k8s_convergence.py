@@ -527,6 +527,16 @@ def test_verify_names_stale_and_unhealthy_members(up: Scenario) -> None:
         assert f"  - {line}" in result.stderr, line
 
 
+def test_verify_names_a_node_that_is_not_at_the_configured_version(up: Scenario) -> None:
+    """The final verification of an upgrade: every kubelet at labs-k8s:kubernetes.version."""
+    with up.lab.edit() as state:
+        state["nodes"]["labs-k8s-w01"]["kubelet_version"] = "v1.35.2"
+    result = failed(up.verify(timeout=10))
+    assert ("  - node labs-k8s-w01 runs kubelet v1.35.2, not v1.36.0 (labs-k8s:kubernetes.version; its upgrade "
+            "steps move it)") in result.stderr
+    assert "labs-k8s-w02 runs kubelet" not in result.stderr
+
+
 def test_verify_catches_leader_disagreement(up: Scenario) -> None:
     ids = (10276657743932975437, 10276657743932975438)  # equal as doubles: jq must not see them as numbers
     status = ",".join(

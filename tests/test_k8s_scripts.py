@@ -66,8 +66,8 @@ def test_there_are_scripts_to_check() -> None:
     assert {
         k8s.PREPARE_ENTRYPOINT, k8s.INIT_ENTRYPOINT, k8s.REFRESH_ENTRYPOINT, k8s.CONTROL_PLANE_JOIN_ENTRYPOINT,
         k8s.WORKER_JOIN_ENTRYPOINT, k8s.FLANNEL_ENTRYPOINT, k8s.VERIFY_ENTRYPOINT, k8s.LEAVE_ENTRYPOINT,
-        k8s.TEARDOWN_ENTRYPOINT,
-        k8s.KUBECONFIG_ENTRYPOINT, k8s.LIB_FILE,
+        k8s.TEARDOWN_ENTRYPOINT, k8s.KUBECONFIG_ENTRYPOINT, k8s.LIB_FILE, k8s.UPGRADE_CONTROL_PLANE_ENTRYPOINT,
+        k8s.UPGRADE_WORKER_ENTRYPOINT, k8s.UPGRADE_DRAIN_ENTRYPOINT, k8s.UPGRADE_LIB_FILE,
     } <= names  # fmt: skip
 
 
@@ -83,7 +83,9 @@ def test_shellcheck_is_clean(script: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("script", [p for p in SCRIPTS if p.name != k8s.LIB_FILE], ids=lambda path: path.name)
+@pytest.mark.parametrize(
+    "script", [p for p in SCRIPTS if p.name not in (k8s.LIB_FILE, k8s.UPGRADE_LIB_FILE)], ids=lambda path: path.name
+)
 def test_scripts_are_strict_and_source_the_library(script: Path) -> None:
     text = script.read_text()
     assert text.startswith("#!/usr/bin/env bash\n")
@@ -456,16 +458,38 @@ def test_prepare_node_fails_clearly_when_the_patch_release_is_not_published(harn
     assert h.calls_matching("apt-get", "install", "kubeadm=1.36.9-1.1") == []
 
 
-def test_prepare_node_never_upgrades_a_joined_node(harness: ShellHarness) -> None:
+def test_prepare_node_leaves_a_joined_node_at_its_version_for_the_upgrade_steps(harness: ShellHarness) -> None:
+    """A new labs-k8s:kubernetes.version reaches a running node through the upgrade steps, drained and
+    in order; its prepare step (which runs first) prepares it for the version it runs meanwhile."""
     h = harness
     fresh_debian_node(h)
-    h.set_state("dpkg/kubeadm", "1.36.0-1.1")
+    for package in ("kubeadm", "kubelet", "kubectl"):
+        h.set_state(f"dpkg/{package}", "1.35.2-1.1")
+        h.set_state(f"repo/{package}", "1.36.0-1.1\n1.35.2-1.1\n")
     h.write("/etc/kubernetes/kubelet.conf", "kubelet\n")
-    cfg = make_lab_config(kubernetes={"version": "1.36.1"})
+    for plugin in ("bridge", "host-local", "loopback", "portmap"):
+        h.write(f"/opt/cni/bin/{plugin}", "").chmod(0o755)
+    cfg = make_lab_config(kubernetes={"version": "1.36.0"})
     h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
-    result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
-    assert "is an upgrade (kubeadm upgrade)" in result.stderr
-    assert h.calls_matching("apt-get", "install", "kubeadm=1.36.1-1.1") == []
+    result = ok(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert "runs kubelet 1.35.2 in the cluster; labs-k8s:kubernetes.version 1.36.0 comes with the upgrade steps" in (
+        result.stderr)
+    pinned = ("kubeadm=", "kubelet=", "kubectl=")
+    assert not [call for call in h.calls("apt-get") if any(arg.startswith(pinned) for arg in call)]
+    kubernetes_list = (h.root / "etc/apt/sources.list.d/kubernetes.list").read_text()
+    assert "https://pkgs.k8s.io/core:/stable:/v1.35/deb/ /" in kubernetes_list
+    assert h.calls_matching("kubeadm", "config", "images", "list", "--kubernetes-version", "v1.35.2")
+
+    # Half-way through its own upgrade (kubeadm and the repository already at 1.36, the kubelet not
+    # yet), a prepare step that runs again takes nothing back: the upgrade step finishes the job.
+    h.set_state("dpkg/kubeadm", "1.36.0-1.1")
+    new_list = kubernetes_list.replace("v1.35", "v1.36")
+    h.write("/etc/apt/sources.list.d/kubernetes.list", new_list)
+    h.reset_log()
+    ok(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert (h.state / "dpkg/kubeadm").read_text() == "1.36.0-1.1"
+    assert (h.root / "etc/apt/sources.list.d/kubernetes.list").read_text() == new_list
+    assert not [call for call in h.calls("apt-get") if any(arg.startswith(pinned) for arg in call)]
 
 
 def test_prepare_node_uses_the_configured_mirrors(harness: ShellHarness) -> None:

@@ -371,3 +371,91 @@ join_cluster() {
     if [[ $role == control-plane ]]; then setup_root_kubeconfig; fi
     result joined
 }
+
+# ------------------------------------------------------------------ packages (prepare and upgrade steps)
+export DEBIAN_FRONTEND=noninteractive
+# confold: a package upgrade never replaces a config file prepare-node.sh manages.
+APT_INSTALL=(apt-get install -y -q --no-install-recommends
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+KUBERNETES_LIST=$ROOT/etc/apt/sources.list.d/kubernetes.list
+
+APT_FRESH=0
+apt_update() {
+    if ((APT_FRESH == 0)); then
+        log "apt-get update"
+        apt-get update -q -o Acquire::Retries=3 ||
+            die "apt-get update failed: are the repositories (or labs-k8s:mirrors.aptProxy) reachable from this node?"
+        APT_FRESH=1
+    fi
+}
+
+pkg_installed() {
+    # shellcheck disable=SC2016 # ${Status} is dpkg-query's field syntax, not a shell expansion
+    [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]
+}
+
+pkg_version() {
+    # shellcheck disable=SC2016
+    dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true
+}
+
+# version_lt A B: is version A older than B (sort -V order; a leading v is ignored)?
+version_lt() {
+    local a=${1#v} b=${2#v}
+    [[ $a != "$b" && $(printf '%s\n%s\n' "$a" "$b" | sort -V | head -n 1) == "$a" ]]
+}
+
+hold_packages() {
+    local held pkg todo=()
+    held=$(apt-mark showhold 2>/dev/null || true)
+    for pkg in "$@"; do
+        grep -qxF "$pkg" <<<"$held" || todo+=("$pkg")
+    done
+    if ((${#todo[@]} > 0)); then
+        apt-mark hold "${todo[@]}"
+    fi
+}
+
+# use_kubernetes_repository MINOR: the pkgs.k8s.io source of one minor (each minor is its own
+# repository: "Changing The Kubernetes Package Repository", kubernetes.io). Sets WROTE.
+use_kubernetes_repository() {
+    local minor=$1
+    write_file "$KUBERNETES_LIST" 0644 <<EOF
+# labs-k8s: the community-owned Kubernetes packages, one repository per minor (v$minor)
+deb [signed-by=/etc/apt/keyrings/kubernetes-apt-keyring.asc] https://pkgs.k8s.io/core:/stable:/v$minor/deb/ /
+EOF
+    if ((WROTE)); then APT_FRESH=0; fi
+}
+
+# packages_at VERSION PACKAGE...: are all these packages installed at VERSION (any build of it)?
+packages_at() {
+    local version=$1 pkg
+    shift
+    for pkg in "$@"; do
+        [[ $(pkg_version "$pkg") == "$version"-* ]] || return 1
+    done
+}
+
+# install_kubernetes_packages_at VERSION PACKAGE...: each package at VERSION (the newest VERSION-*
+# build the repository has), then held. Held packages change only with --allow-change-held-packages
+# (apt refuses otherwise: "Held packages were changed and -y was used without ...").
+install_kubernetes_packages_at() {
+    local version=$1 pkg candidate todo=() resolved=()
+    shift
+    for pkg in "$@"; do
+        packages_at "$version" "$pkg" || todo+=("$pkg")
+    done
+    if ((${#todo[@]} > 0)); then
+        apt_update
+        for pkg in "${todo[@]}"; do
+            candidate=$(apt-cache madison "$pkg" | awk -v prefix="$version-" 'index($3, prefix) == 1 {print $3; exit}')
+            [[ -n $candidate ]] ||
+                die "pkgs.k8s.io has no $pkg $version (labs-k8s:kubernetes.version; apt-cache madison $pkg lists: $(apt-cache madison "$pkg" | awk '{print $3}' | head -n 5 | tr '\n' ' '))"
+            resolved+=("$pkg=$candidate")
+        done
+        log "installing ${resolved[*]}"
+        "${APT_INSTALL[@]}" --allow-change-held-packages "${resolved[@]}" || die "apt-get install ${resolved[*]} failed"
+        packages_at "$version" "${todo[@]}" || die "${todo[*]} not at $version after apt-get install"
+    fi
+    hold_packages "$@"
+}

@@ -18,51 +18,12 @@ load_params "$HERE"
 : "${APT_PROXY?}" "${REGISTRY_MIRROR?}" "${DATA_DISK_GIB:?}" "${DATA_DISK_MOUNT?}" "${DATA_DISK_LABEL?}" "${DATA_DISK_UNIT?}"
 ((${#NTP_SERVERS[@]} > 0)) || die "NTP_SERVERS is empty"
 
-export DEBIAN_FRONTEND=noninteractive
-# confold: a package upgrade never replaces a config file this script manages.
-APT_INSTALL=(apt-get install -y -q --no-install-recommends
-    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
 CONTAINERD_SOCKET=unix:///run/containerd/containerd.sock
 # Repository signing keys, checked by fingerprint before apt trusts them: Docker's release key
 # (docs.docker.com, "Install Docker Engine on Debian") and the pkgs.k8s.io key (isv:kubernetes
 # OBS project; `curl -fsSL https://pkgs.k8s.io/core:/stable:/v1.36/deb/Release.key | gpg --show-keys`).
 DOCKER_KEY_FINGERPRINT=9DC858229FC7DD38854AE2D88D81803C0EBFCD88
 KUBERNETES_KEY_FINGERPRINT=DE15B14486CD377B9E876E1A234654DA9A296436
-
-APT_FRESH=0
-apt_update() {
-    if ((APT_FRESH == 0)); then
-        log "apt-get update"
-        apt-get update -q -o Acquire::Retries=3
-        APT_FRESH=1
-    fi
-}
-
-pkg_installed() {
-    # shellcheck disable=SC2016 # ${Status} is dpkg-query's field syntax, not a shell expansion
-    [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]
-}
-
-pkg_version() {
-    # shellcheck disable=SC2016
-    dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true
-}
-
-# version_lt A B: is version A older than B (sort -V order)?
-version_lt() {
-    [[ $1 != "$2" && $(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1) == "$1" ]]
-}
-
-hold_packages() {
-    local held pkg todo=()
-    held=$(apt-mark showhold 2>/dev/null || true)
-    for pkg in "$@"; do
-        grep -qxF "$pkg" <<<"$held" || todo+=("$pkg")
-    done
-    if ((${#todo[@]} > 0)); then
-        apt-mark hold "${todo[@]}"
-    fi
-}
 
 # ------------------------------------------------------------------ apt proxy (mirrors.aptProxy)
 configure_apt_proxy() {
@@ -292,11 +253,11 @@ EOF
         install_verified_key "https://pkgs.k8s.io/core:/stable:/v$K8S_MINOR_VERSION/deb/Release.key" \
             "$KUBERNETES_KEY_FINGERPRINT" "$keyrings/kubernetes-apt-keyring.asc"
     fi
-    write_file "$ROOT/etc/apt/sources.list.d/kubernetes.list" 0644 <<EOF
-# labs-k8s: the community-owned Kubernetes packages, one repository per minor (v$K8S_MINOR_VERSION)
-deb [signed-by=/etc/apt/keyrings/kubernetes-apt-keyring.asc] https://pkgs.k8s.io/core:/stable:/v$K8S_MINOR_VERSION/deb/ /
-EOF
-    if ((WROTE)); then APT_FRESH=0; fi
+    if ((LEAVE_KUBERNETES)) && [[ -s $KUBERNETES_LIST ]]; then
+        log "leaving ${KUBERNETES_LIST#"$ROOT"} as it is: the upgrade steps switch it"
+    else
+        use_kubernetes_repository "$K8S_MINOR_VERSION"
+    fi
 }
 
 containerd_version() {
@@ -327,15 +288,14 @@ install_containerd() {
 }
 
 install_kubernetes_packages() {
-    local pkg current need=0 resolved=()
+    local pkg current need=0 resolved=() plugin
+    if ((LEAVE_KUBERNETES)); then
+        hold_packages kubeadm kubelet kubectl
+        return 0
+    fi
     for pkg in kubeadm kubelet kubectl; do
         current=$(pkg_version "$pkg")
-        if [[ $current != "$K8S_VERSION"-* ]]; then
-            need=1
-            if [[ -n $current && -f $KUBELET_CONF ]]; then
-                die "$pkg $current is installed and this node is already in a cluster; changing labs-k8s:kubernetes.version is an upgrade (kubeadm upgrade), not something prepare-node does"
-            fi
-        fi
+        [[ $current == "$K8S_VERSION"-* ]] || need=1
     done
     if ((need)); then
         apt_update
@@ -348,7 +308,6 @@ install_kubernetes_packages() {
         "${APT_INSTALL[@]}" --allow-change-held-packages "${resolved[@]}" kubernetes-cni cri-tools
     fi
     hold_packages kubeadm kubelet kubectl
-    local plugin
     for plugin in bridge host-local loopback portmap; do
         [[ -x $ROOT/opt/cni/bin/$plugin ]] || die "CNI plugin /opt/cni/bin/$plugin is missing (package kubernetes-cni)"
     done
@@ -471,6 +430,21 @@ EOF
         ethtool -K flannel.1 tx-checksum-ip-generic off
     fi
 }
+
+# A node already in the cluster at another version than labs-k8s:kubernetes.version is moved to it by
+# the upgrade steps, in order and drained (upgrade-*.sh), never here under its workloads: until then
+# its Kubernetes repository and packages stay as they are (even half-way through its own upgrade,
+# kubeadm already new) and the rest is prepared for the version its kubelet runs (the pause image).
+# The upgrade steps run this script again once its packages are new.
+LEAVE_KUBERNETES=0
+running=$(pkg_version kubelet)
+[[ -n $running ]] || running=$(pkg_version kubeadm)
+if [[ -f $KUBELET_CONF && -n $running && $running != "$K8S_VERSION"-* ]]; then
+    log "$NODE_NAME runs kubelet ${running%%-*} in the cluster; labs-k8s:kubernetes.version $K8S_VERSION comes with the upgrade steps: preparing it for ${running%%-*} meanwhile"
+    LEAVE_KUBERNETES=1
+    K8S_VERSION=${running%%-*}
+    K8S_MINOR_VERSION=${K8S_VERSION%.*}
+fi
 
 configure_apt_proxy
 configure_kernel

@@ -3,13 +3,13 @@
 # until the cluster is what the config describes, then say so; otherwise list exactly what is
 # missing and fail.
 #
-# Checks: every expected node Ready; kube-apiserver, kube-controller-manager,
+# Checks: every expected node Ready, its kubelet at KUBERNETES_VERSION; kube-apiserver, kube-controller-manager,
 # kube-scheduler and etcd pods Running on every control plane; CoreDNS Available; etcd with
 # exactly one started, voting member per configured control plane (stale, unstarted and
 # learner members are named), all healthy (unhealthy ones named), one leader that every member
 # agrees on, one raft term; the API answering through the VIP, and admin.conf pointing at it.
 #
-# Parameters (params.env): VIP, API_PORT, EXPECTED_NODES (array),
+# Parameters (params.env): VIP, API_PORT, KUBERNETES_VERSION (v1.36.0), EXPECTED_NODES (array),
 # CONTROL_PLANES (array), VERIFY_TIMEOUT_SECONDS, VERIFY_INTERVAL_SECONDS.
 # stdout: "cluster-ok".
 set -Eeuo pipefail
@@ -18,7 +18,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/lib.sh"
 require_root
 load_params "$HERE"
-: "${VIP:?}" "${API_PORT:?}" "${VERIFY_TIMEOUT_SECONDS:?}" "${VERIFY_INTERVAL_SECONDS:?}"
+: "${VIP:?}" "${API_PORT:?}" "${KUBERNETES_VERSION:?}" "${VERIFY_TIMEOUT_SECONDS:?}" "${VERIFY_INTERVAL_SECONDS:?}"
 ((${#EXPECTED_NODES[@]} > 0 && ${#CONTROL_PLANES[@]} > 0)) || die "EXPECTED_NODES and CONTROL_PLANES must not be empty"
 [[ -f $ADMIN_CONF ]] || die "no ${ADMIN_CONF#"$ROOT"}: run this on a control plane of the cluster"
 
@@ -26,18 +26,22 @@ MISSING=()
 missing() { MISSING+=("$*"); }
 
 check_nodes() {
-    local ready name status
+    local ready name status kubelet
     if ! ready=$(kc get nodes -o json | jq -r '.items[] | .metadata.name + "=" +
-        ([.status.conditions[]? | select(.type == "Ready") | .status][0] // "Unknown")'); then
+        ([.status.conditions[]? | select(.type == "Ready") | .status][0] // "Unknown") + "=" +
+        (.status.nodeInfo.kubeletVersion // "")'); then
         missing "the API server does not answer kubectl get nodes (admin.conf)"
         return 1
     fi
     for name in "${EXPECTED_NODES[@]}"; do
         status=$(awk -F= -v n="$name" '$1 == n {print $2; exit}' <<<"$ready")
+        kubelet=$(awk -F= -v n="$name" '$1 == n {print $3; exit}' <<<"$ready")
         if [[ -z $status ]]; then
             missing "node $name is not registered"
         elif [[ $status != True ]]; then
             missing "node $name is not Ready (Ready=$status)"
+        elif [[ $kubelet != "$KUBERNETES_VERSION" ]]; then
+            missing "node $name runs kubelet ${kubelet:-unknown}, not $KUBERNETES_VERSION (labs-k8s:kubernetes.version; its upgrade steps move it)"
         fi
     done
 }

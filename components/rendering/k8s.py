@@ -24,6 +24,12 @@ replaced it joins) and every worker runs a join. refresh, flannel, verify, kubec
 and teardown-guard run on whichever control plane is healthy (components/cluster.py reaches
 one through the VIP).
 
+Upgrades (a change of labs-k8s:kubernetes.version), node by node in the order of upgrade_order:
+- upgrade-control-plane.sh "<node> upgraded to vX.Y.Z[; etcd snapshot <path>]" | "<node> already at vX.Y.Z"
+- upgrade-worker.sh        "<node> upgraded to vX.Y.Z" | "<node> already at vX.Y.Z"
+- upgrade-drain.sh         (argument drain|uncordon) "drained <node>" | "uncordoned <node>" |
+                           "<node> already at vX.Y.Z" | "<node> left cordoned"
+
 Secrets (bootstrap token, certificate key) appear only inside the kubeadm YAML files of a
 bundle, which the bundle writes root-only (0600); never in params.env, never on a command line.
 """
@@ -34,9 +40,11 @@ import ipaddress
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from components.config import CONTAINERD_2_FROM_MINOR, LabConfig, Node, Role
-from components.rendering import read_file, render_template
+from components.rendering import STEP_ROOT, read_file, render_template
 
 # ------------------------------------------------------------------ entrypoints (module constants)
 PREPARE_ENTRYPOINT = "prepare-node.sh"
@@ -49,9 +57,13 @@ VERIFY_ENTRYPOINT = "verify-cluster.sh"
 LEAVE_ENTRYPOINT = "leave-cluster.sh"
 TEARDOWN_ENTRYPOINT = "teardown-guard.sh"
 KUBECONFIG_ENTRYPOINT = "print-kubeconfig.sh"
+UPGRADE_CONTROL_PLANE_ENTRYPOINT = "upgrade-control-plane.sh"
+UPGRADE_WORKER_ENTRYPOINT = "upgrade-worker.sh"
+UPGRADE_DRAIN_ENTRYPOINT = "upgrade-drain.sh"
 
 # Files the scripts expect beside them in the step directory.
 LIB_FILE = "lib.sh"
+UPGRADE_LIB_FILE = "upgrade-lib.sh"
 PARAMS_FILE = "params.env"
 INIT_CONFIG_FILE = "kubeadm-init.yaml"
 JOIN_CONFIG_FILE = "kubeadm-join.yaml"
@@ -75,6 +87,10 @@ DRAIN_TIMEOUT_SECONDS = 180
 # The exported kubeconfig's client certificate (one year, kubeadm's default) is renewed and
 # re-exported when it has less than this left.
 KUBECONFIG_RENEW_BEFORE_DAYS = 30
+# Upgrades: a node back Ready at the new version after its kubelet restart; a drain that respects
+# PodDisruptionBudgets (evictions are retried until this timeout, then the upgrade stops).
+NODE_WAIT_SECONDS = 300
+UPGRADE_DRAIN_TIMEOUT_SECONDS = 300
 
 TOKEN_PATTERN = re.compile(r"^[a-z0-9]{6}\.[a-z0-9]{16}$")
 CERTIFICATE_KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
@@ -98,6 +114,9 @@ _SCRIPTS = (
     LEAVE_ENTRYPOINT,
     TEARDOWN_ENTRYPOINT,
     KUBECONFIG_ENTRYPOINT,
+    UPGRADE_CONTROL_PLANE_ENTRYPOINT,
+    UPGRADE_WORKER_ENTRYPOINT,
+    UPGRADE_DRAIN_ENTRYPOINT,
 )
 
 
@@ -385,6 +404,7 @@ def verify_files(cfg: LabConfig) -> dict[str, str]:
         {
             "VIP": _ip(cfg.load_balancer.vip),
             "API_PORT": API_PORT,
+            "KUBERNETES_VERSION": f"v{cfg.kubernetes.version}",
             "EXPECTED_NODES": [node.name for node in cfg.kubernetes_nodes],
             "CONTROL_PLANES": [node.name for node in cfg.control_planes],
             "VERIFY_TIMEOUT_SECONDS": VERIFY_TIMEOUT_SECONDS,
@@ -432,3 +452,113 @@ def kubeconfig_valid_until(kubeconfig: str) -> str | None:
     """The RFC 3339 time print-kubeconfig.sh says the exported client certificate expires."""
     match = KUBECONFIG_VALIDITY.search(kubeconfig)
     return match.group(1) if match else None
+
+
+# ------------------------------------------------------------------ upgrades (labs-k8s:kubernetes.version)
+
+
+@dataclass(frozen=True)
+class UpgradeStep:
+    """One node's place in the upgrade chain.
+
+    kind: "apply" (the first control plane: `kubeadm upgrade apply`), "node" (every other control
+    plane: `kubeadm upgrade node`) or "worker" (drain on a control plane, upgrade-worker.sh on the
+    worker, uncordon). `after` names the nodes whose upgrade must have finished first.
+    """
+
+    node: Node
+    kind: Literal["apply", "node", "worker"]
+    after: tuple[str, ...]
+
+
+def upgrade_order(cfg: LabConfig) -> list[UpgradeStep]:
+    """The order kubeadm's procedure and the version skew policy give: the first control plane, the
+    other control planes one at a time, then the workers, `kubernetes.upgrade.workersAtOnce` at a time.
+
+    Workers run in that many lanes: worker i starts when worker i - workersAtOnce has finished, so no
+    more than workersAtOnce are ever drained together and a slow worker holds up only its lane.
+    """
+    steps: list[UpgradeStep] = []
+    previous: tuple[str, ...] = ()
+    for index, node in enumerate(cfg.control_planes):
+        steps.append(UpgradeStep(node, "apply" if index == 0 else "node", previous))
+        previous = (node.name,)
+    last_control_plane = previous
+    lanes = cfg.kubernetes.upgrade.workers_at_once
+    workers = cfg.workers
+    for index, node in enumerate(workers):
+        after = (workers[index - lanes].name,) if index >= lanes else last_control_plane
+        steps.append(UpgradeStep(node, "worker", after))
+    return steps
+
+
+def prepare_step_name(node: Node) -> str:
+    """The resource (and step directory under STEP_ROOT) that prepares `node`."""
+    return f"{node.name}-prepare"
+
+
+def _upgrade_files(entrypoint: str, params: Mapping[str, ParamValue]) -> dict[str, str]:
+    files = _script_files(entrypoint, params)
+    files[UPGRADE_LIB_FILE] = read_file(f"{_K8S_DIR}/{UPGRADE_LIB_FILE}")
+    return files
+
+
+def _upgrade_version_params(cfg: LabConfig) -> dict[str, ParamValue]:
+    return {
+        "K8S_VERSION": cfg.kubernetes.version,
+        "K8S_MINOR_VERSION": cfg.kubernetes.minor_version,
+        "API_WAIT_SECONDS": API_WAIT_SECONDS,
+        "NODE_WAIT_SECONDS": NODE_WAIT_SECONDS,
+    }
+
+
+def _prepare_dir(node: Node) -> str:
+    """Where the node's prepare step left prepare-node.sh and its params: the upgrade steps run it
+    again once the packages are new (not a copy in their own bundle: a change of the node's
+    preparation alone must not make its upgrade steps run)."""
+    return f"{STEP_ROOT}/{prepare_step_name(node)}"
+
+
+def upgrade_control_plane_files(cfg: LabConfig, node: Node) -> dict[str, str]:
+    """upgrade-control-plane.sh on one control plane: `apply` on the first, `node` on the others."""
+    _require_role(node, Role.CONTROL_PLANE, "upgrade-control-plane.sh")
+    return _upgrade_files(
+        UPGRADE_CONTROL_PLANE_ENTRYPOINT,
+        {
+            "NODE_NAME": node.name,
+            "UPGRADE_MODE": "apply" if node.name == first_control_plane(cfg).name else "node",
+            **_upgrade_version_params(cfg),
+            "CONTAINERD_MIN_VERSION": containerd_min_version(cfg),
+            "VIP": _ip(cfg.load_balancer.vip),
+            "API_PORT": API_PORT,
+            "DRAIN_TIMEOUT_SECONDS": UPGRADE_DRAIN_TIMEOUT_SECONDS,
+            "VERIFY_TIMEOUT_SECONDS": VERIFY_TIMEOUT_SECONDS,
+            "VERIFY_INTERVAL_SECONDS": VERIFY_INTERVAL_SECONDS,
+            "PREPARE_DIR": _prepare_dir(node),
+        },
+    )
+
+
+def upgrade_worker_files(cfg: LabConfig, node: Node) -> dict[str, str]:
+    """upgrade-worker.sh on one worker, between its drain and its uncordon."""
+    _require_role(node, Role.WORKER, "upgrade-worker.sh")
+    params = {"NODE_NAME": node.name, **_upgrade_version_params(cfg), "PREPARE_DIR": _prepare_dir(node)}
+    return _upgrade_files(UPGRADE_WORKER_ENTRYPOINT, params)
+
+
+def upgrade_drain_files(cfg: LabConfig, node: Node) -> dict[str, str]:
+    """upgrade-drain.sh on a control plane for one worker; run it with `upgrade_drain_args(...)`."""
+    _require_role(node, Role.WORKER, "upgrade-drain.sh")
+    params = {
+        "DRAIN_NODE": node.name,
+        **_upgrade_version_params(cfg),
+        "DRAIN_TIMEOUT_SECONDS": UPGRADE_DRAIN_TIMEOUT_SECONDS,
+    }
+    return _upgrade_files(UPGRADE_DRAIN_ENTRYPOINT, params)
+
+
+def upgrade_drain_args(action: Literal["drain", "uncordon"]) -> tuple[str, ...]:
+    """The `args` of step_bundle for upgrade-drain.sh."""
+    if action not in ("drain", "uncordon"):
+        raise ValueError(f"upgrade-drain.sh takes drain or uncordon, not {action!r}")
+    return (action,)

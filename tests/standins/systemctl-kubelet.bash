@@ -1,0 +1,7 @@
+# shellcheck shell=bash disable=SC2154 # STATE, CLUSTER, SELF come from the prelude
+# A restarted kubelet registers the version installed (Node .status.nodeInfo.kubeletVersion), and is
+# Ready again unless $STATE/kubelet-broken says it does not come back.
+if [[ ${1:-} == restart && ${2:-} == kubelet && -d $CLUSTER/nodes/$SELF ]]; then
+    installed kubelet >"$CLUSTER/nodes/$SELF/kubelet"
+    if [[ -f $STATE/kubelet-broken ]]; then echo False; else echo True; fi >"$CLUSTER/nodes/$SELF/ready"
+fi
