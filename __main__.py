@@ -7,12 +7,14 @@ from components.lab import Lab
 from components.preflight import run_preflight
 from components.previous_state import check_control_plane_change, read_previous_state
 from components.stack_config import read_stack_inputs
+from components.upgrade import check_version_change
 
 # Validation and preflight raise before any resource is registered.
 inputs = read_stack_inputs()
 previous = read_previous_state()
 try:
     check_control_plane_change(inputs.lab, previous)
+    check_version_change(inputs.lab, previous)
 except LabConfigError as error:
     raise pulumi.RunError(str(error)) from None
 run_preflight(inputs)

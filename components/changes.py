@@ -660,12 +660,14 @@ def _namespace(stack: str) -> dict[str, Any]:
 
 
 def case_runs(case: ChangeCase, stack: str = "labs", before: OfflineRun | None = None) -> tuple[OfflineRun, OfflineRun]:
-    """The program before (the committed stack file) and after `case`'s change, under the mock engine."""
+    """The program before (the committed stack file) and after `case`'s change, under the mock engine.
+    The run after reads the run before as its previous state, as the engine's checkpoint would give it
+    (what the program decides from it: an upgrade chain, a refresh due, a kubeconfig to re-export)."""
     before = before or run_program(stack)
     namespace = _namespace(stack)
     case.change(namespace)
     overrides = {f"labs-k8s:{key}": value for key, value in namespace.items()}
-    return before, run_program(stack, overrides={**overrides, **case.overrides})
+    return before, run_program(stack, overrides={**overrides, **case.overrides}, previous=before.previous_state())
 
 
 def summary(plan: Plan) -> str:

@@ -5,7 +5,8 @@ Order (each arrow is a dependency in the graph, not a registration order):
   prepare m01 + both balancers -> init on m01 (creates the cluster once; a no-op when one exists)
   init -> leave guard, refresh, join for m01 -> ... for m02 -> ... for m03   (one at a time)
   init -> leave guard, refresh, join for worker N   (workers in parallel)
-  init -> Flannel;   every join + Flannel -> verify;   init -> kubeconfig
+  join -> upgrade steps of that node (no-ops unless it is at another version, see below)
+  init -> Flannel;   every join, upgrade step + Flannel -> verify;   last control plane's upgrade -> kubeconfig
 Every control plane joins, the first included: on the first `up` its join finds it a member
 already; a VM that replaced it joins the running cluster instead of creating a second one.
 
@@ -19,6 +20,21 @@ are the VM's id, so it is deleted (its delete runs) before the VM goes: when the
 config, and when the VM is replaced (the fleet replaces VMs delete-before-replace, and the engine
 deletes dependents whose inputs come from the VM first). A join never reads `kubeadm init` output:
 the CA hash comes from its own refresh step.
+
+Upgrades (labs-k8s:kubernetes.version; docs/runbook.md "Upgrading Kubernetes"). Every node has
+upgrade steps: `<cp>-upgrade` on each control plane; `<w>-upgrade-drain` (cluster-wide),
+`<w>-upgrade` (on the worker) and `<w>-upgrade-uncordon` (cluster-wide) for each worker. Their
+triggers are their own bundle only (the version is in it), so they run again when the version
+changes and never because something upstream was replaced: at creation and on a node that is
+already at the version they find nothing to do. When the last deployment's records do not prove
+every node at the configured version (components/upgrade.py), they form kubeadm's chain:
+  init -> join m01 -> upgrade m01 (apply) -> refresh, join m02 -> upgrade m02 -> ... m03
+  last control plane's upgrade -> every worker's join -> drain, upgrade, uncordon of w01 -> ... w02
+with `kubernetes.upgrade.workersAtOnce` lanes of workers (worker i after worker i - lanes). A node
+that joins during a minor upgrade so joins after the control planes are at the new version
+(kubeadm join refuses a kubelet newer than the control plane). Otherwise (creation, no version
+change) the upgrade steps run in parallel, right after their node's join, and the joins keep the
+order above without the upgrade steps in between.
 """
 
 from __future__ import annotations
@@ -30,6 +46,7 @@ import pulumi_random as random
 from pulumi_command import remote
 
 from components import remote as steps
+from components import upgrade as upgrades
 from components.config import LabConfig, Node, Role
 from components.previous_state import PreviousState, renewal_due
 from components.rendering import k8s as k8s_rendering
@@ -77,7 +94,7 @@ class KubeadmCluster(pulumi.ComponentResource):
 
         self.prepared: dict[str, remote.Command] = {
             node.name: self._step(
-                f"{node.name}-prepare",
+                k8s_rendering.prepare_step_name(node),
                 node,
                 files=lambda node=node: k8s_rendering.prepare_files(lab, node),
                 entrypoint=k8s_rendering.PREPARE_ENTRYPOINT,
@@ -98,23 +115,37 @@ class KubeadmCluster(pulumi.ComponentResource):
             handles_secrets=True,
         )
 
+        # The upgrade chain is serialized unless the last deployment proves every node at the version.
+        self.rolling = upgrades.rolling_upgrade(lab, upgrades.records_from_previous(self._previous))
+        self.upgrades: dict[str, list[remote.Command]] = {}
+
         # Control planes join one at a time (two joins at once race on etcd membership); their
         # leave guards are chained the same way, so removing several removes their etcd members
-        # one after the other, last first.
+        # one after the other, last first. During an upgrade each one's upgrade comes before the
+        # next one's join.
         self.leaves: dict[str, remote.Command] = {}
         self.refreshes: dict[str, remote.Command] = {}
         self.joins: dict[str, remote.Command] = {}
         previous_join: remote.Command = self.init
+        previous_upgrade: remote.Command | None = None
         previous_leave: remote.Command | None = None
         for node in lab.control_planes:
             leave = self._leave_guard(node, vms[node.name], after=[self.init, *filter(None, [previous_leave])])
             previous_leave = leave
-            previous_join = self._refresh_and_join(node, after=previous_join, leave=leave)
+            # The order of an upgrade is not a reason to re-run a join (order_after: no trigger).
+            order = [previous_upgrade] if self.rolling and previous_upgrade else []
+            previous_join = self._refresh_and_join(node, after=previous_join, leave=leave, order_after=order)
+            previous_upgrade = self._upgrade_control_plane(node, after=previous_join)
+        assert previous_upgrade is not None  # config validation: at least one control plane
+        last_control_plane = previous_upgrade
 
-        # Workers join in parallel, each with freshly refreshed join material.
+        # Workers join in parallel, each with freshly refreshed join material; during an upgrade,
+        # once every control plane is at the new version.
         for node in lab.workers:
             leave = self._leave_guard(node, vms[node.name], after=[self.init])
-            self._refresh_and_join(node, after=self.init, leave=leave)
+            order = [last_control_plane] if self.rolling else []
+            self._refresh_and_join(node, after=self.init, leave=leave, order_after=order)
+        self._upgrade_workers()
 
         self.flannel = self._cluster_step(
             "flannel",
@@ -127,7 +158,7 @@ class KubeadmCluster(pulumi.ComponentResource):
             "verify-cluster",
             files=lambda: k8s_rendering.verify_files(lab),
             entrypoint=k8s_rendering.VERIFY_ENTRYPOINT,
-            depends_on=[*self.joins.values(), self.flannel],
+            depends_on=[*self.joins.values(), *self.upgrade_steps(), self.flannel],
             timeout="20m",
         )
 
@@ -140,9 +171,14 @@ class KubeadmCluster(pulumi.ComponentResource):
             "kubeconfig",
             files=lambda: k8s_rendering.kubeconfig_files(lab),
             entrypoint=k8s_rendering.KUBECONFIG_ENTRYPOINT,
-            depends_on=[self.init],
+            # kubeadm renews admin.conf's certificate on every control plane it upgrades: a new version
+            # re-exports the kubeconfig once the last control plane is done.
+            depends_on=[self.init, last_control_plane],
             handles_secrets=True,
-            extra_triggers=[self._previous.next_generation("kubeconfig", "kubeconfig-renewal", renew)],
+            extra_triggers=[
+                self._previous.next_generation("kubeconfig", "kubeconfig-renewal", renew),
+                f"kubernetes:{lab.kubernetes.version}",
+            ],
         )
         self.kubeconfig = pulumi.Output.secret(self.kubeconfig_step.stdout)
         self.kubeconfig_valid_until = pulumi.Output.unsecret(
@@ -187,6 +223,7 @@ class KubeadmCluster(pulumi.ComponentResource):
         handles_secrets: bool = False,
         timeout: str = "30m",
         extra_triggers: Sequence[pulumi.Input[str]] = (),
+        order_after: Sequence[pulumi.Resource] = (),
     ) -> remote.Command:
         return steps.run_step(
             resource_name,
@@ -202,13 +239,16 @@ class KubeadmCluster(pulumi.ComponentResource):
             handles_secrets=handles_secrets,
             timeout=timeout,
             extra_triggers=extra_triggers,
+            order_after=order_after,
         )
 
     def _cluster_step(self, step: str, **kwargs: object) -> remote.Command:
         """A step on whichever control plane is healthy (through the VIP's SSH port)."""
         return self._step(step, None, **kwargs)  # type: ignore[arg-type]
 
-    def _refresh_and_join(self, node: Node, after: pulumi.Resource, leave: remote.Command) -> remote.Command:
+    def _refresh_and_join(
+        self, node: Node, after: pulumi.Resource, leave: remote.Command, order_after: Sequence[pulumi.Resource] = ()
+    ) -> remote.Command:
         """Right before `node` joins: re-upload the control-plane certificates (2 h) and refresh
         the token (24 h), then join with the CA hash the refresh printed. When the last `up` left
         this node's join unfinished, the refresh runs again even though nothing else changed: a
@@ -225,6 +265,7 @@ class KubeadmCluster(pulumi.ComponentResource):
             depends_on=[after, self.prepared[node.name], leave],
             handles_secrets=True,
             extra_triggers=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
+            order_after=order_after,
         )
         self.refreshes[node.name] = refresh
         if node.role is Role.CONTROL_PLANE:
@@ -252,6 +293,70 @@ class KubeadmCluster(pulumi.ComponentResource):
         )
         self.joins[node.name] = join
         return join
+
+    def _upgrade_step(self, resource_name: str, node: Node | None, **kwargs: object) -> remote.Command:
+        """An upgrade step: re-run when its own bundle changes (the version is in it), never because an
+        upstream step or VM was replaced (a node that is new or replaced is at the version already)."""
+        return steps.run_step(
+            resource_name,
+            lab=self._lab,
+            node=node,
+            private_key=self._private_key,
+            parent=self,
+            upstream_triggers=False,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def _upgrade_control_plane(self, node: Node, after: pulumi.Resource) -> remote.Command:
+        """upgrade-control-plane.sh on `node` (the first: `kubeadm upgrade apply`; the others: `upgrade
+        node`), after its join; one control plane at a time when the chain is serialized."""
+        lab = self._lab
+        step = self._upgrade_step(
+            f"{node.name}-upgrade",
+            node,
+            files=lambda: k8s_rendering.upgrade_control_plane_files(lab, node),
+            entrypoint=k8s_rendering.UPGRADE_CONTROL_PLANE_ENTRYPOINT,
+            depends_on=[after],
+            timeout="60m",  # apply: 4 components x 5 min at worst, the drain, the kubelet, the 15 min check
+        )
+        self.upgrades[node.name] = [step]
+        return step
+
+    def upgrade_steps(self) -> list[remote.Command]:
+        return [step for chain in self.upgrades.values() for step in chain]
+
+    def _upgrade_workers(self) -> None:
+        """Per worker: drain (cluster-wide), upgrade-worker.sh on it, uncordon (cluster-wide). In the
+        serialized chain, worker i starts once worker i - workersAtOnce is uncordoned (the first
+        lanes once the last control plane is done): never more workers drained at once."""
+        lab = self._lab
+
+        def cordon_step(node: Node, action: str, depends_on: list[pulumi.Resource]) -> remote.Command:
+            return self._upgrade_step(
+                f"{node.name}-upgrade-{action}",
+                None,
+                files=lambda: k8s_rendering.upgrade_drain_files(lab, node),
+                entrypoint=k8s_rendering.UPGRADE_DRAIN_ENTRYPOINT,
+                args=list(k8s_rendering.upgrade_drain_args(action)),  # type: ignore[arg-type]
+                depends_on=depends_on,
+                timeout="15m",
+            )
+
+        for item in k8s_rendering.upgrade_order(lab):
+            node = item.node
+            if item.kind != "worker":
+                continue
+            lane = [self.upgrades[name][-1] for name in item.after] if self.rolling else []
+            drain = cordon_step(node, "drain", [self.joins[node.name], *lane])
+            upgrade = self._upgrade_step(
+                f"{node.name}-upgrade",
+                node,
+                files=lambda node=node: k8s_rendering.upgrade_worker_files(lab, node),
+                entrypoint=k8s_rendering.UPGRADE_WORKER_ENTRYPOINT,
+                depends_on=[drain],
+                timeout="30m",
+            )
+            self.upgrades[node.name] = [drain, upgrade, cordon_step(node, "uncordon", [upgrade])]
 
     def _leave_guard(
         self, node: Node, vm: pulumi.CustomResource, after: Sequence[pulumi.Resource]

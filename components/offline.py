@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import runpy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -185,6 +186,19 @@ class RecordingMonitor(MockMonitor):
         return super().RegisterResourceOutputs(request)
 
 
+_PARAMS_IN_BUNDLE = re.compile(r"/params\.env'? <<'LABS_K8S_EOF'\n(.*?)\nLABS_K8S_EOF", re.S)
+
+
+def _bundle_param(bundle: str, name: str) -> str | None:
+    """A parameter of a step bundle's params.env (rendering.step_bundle writes it base64-encoded)."""
+    match = _PARAMS_IN_BUNDLE.search(bundle)
+    if match is None:
+        return None
+    params = base64.b64decode("".join(match.group(1).split())).decode()
+    found = re.search(rf"^{name}=(\S+)$", params, re.M)
+    return found.group(1).strip("'") if found else None
+
+
 def _fake_hex(seed: str, length: int) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:length]
 
@@ -225,7 +239,7 @@ class LabMocks(pulumi.runtime.Mocks):
             size = int(args.inputs.get("byteLength", 32))
             outputs.update(hex=_fake_hex(args.name, size * 2), b64Std="", b64Url="", dec="")
         elif args.typ == "command:remote:Command":
-            outputs.update(stdout=self._command_stdout(args.name), stderr="")
+            outputs.update(stdout=self._command_stdout(args.name, args.inputs), stderr="")
         elif args.typ == "pulumi-python:dynamic:Resource":
             # Both dynamic providers return their inputs as outputs (few, small); the template
             # build adds the UUID, managed object id and guest id of the template it made.
@@ -237,9 +251,14 @@ class LabMocks(pulumi.runtime.Mocks):
                                guestId="debian12_64Guest")
         return resource_id, outputs
 
-    def _command_stdout(self, name: str) -> str:
+    def _command_stdout(self, name: str, inputs: Mapping[str, Any]) -> str:
         if name.endswith("-kubeadm-join"):
             return "joined"
+        if name.endswith("-upgrade"):
+            # What the upgrade step prints when its node is at the version of its bundle: the record
+            # the next run reads back (components/upgrade.py).
+            version = _bundle_param(str(inputs.get("stdin", "")), "K8S_VERSION")
+            return f"{name.removesuffix('-upgrade')} already at v{version}" if version else ""
         if "refresh-join" in name:
             return "sha256:" + _fake_hex(name, 64)
         if "kubeconfig" in name:

@@ -105,6 +105,8 @@ def run_step(
     delete_before_replace: bool = False,
     plain_stdout: bool = False,
     delete_timeout: str = DELETE_TIMEOUT,
+    upstream_triggers: bool = True,
+    order_after: Sequence[pulumi.Resource] = (),
 ) -> remote.Command:
     """Register one remote step.
 
@@ -121,7 +123,10 @@ def run_step(
     create is the no-op `create_args` run; `triggers` says exactly what replaces such a step
     (its node's VM). `delete_args` makes the delete run the bundle too, with those arguments:
     the delete carries its own script, so it works on whichever control plane it lands on.
-    `extra_triggers` are re-run reasons beyond content and upstream ids. `plain_stdout` keeps a
+    `extra_triggers` are re-run reasons beyond content and upstream ids; `upstream_triggers=False`
+    leaves the upstream ids out (a step that is right to skip when only something before it was
+    replaced: the upgrade steps). `order_after` orders the step after those resources without making
+    their replacement a reason to re-run it (ordering that exists only during an upgrade). `plain_stdout` keeps a
     secret-handling step's stdout (a status word) readable in the state; stderr stays secret.
     """
     step_name = resource_name
@@ -145,11 +150,14 @@ def run_step(
     # The identities of upstream steps and VMs are part of the trigger: a replaced VM re-runs
     # every step after it, in order (each step is guarded, so re-running a done step is a no-op).
     if triggers is None:
-        upstream_ids = [r.id for r in depends_on if isinstance(r, pulumi.CustomResource)] if rerun_on_change else []
+        upstream_ids = (
+            [r.id for r in depends_on if isinstance(r, pulumi.CustomResource)]
+            if rerun_on_change and upstream_triggers else []
+        )
         triggers = [stdin_hash, *upstream_ids, *extra_triggers] if rerun_on_change else []
     options = pulumi.ResourceOptions(
         parent=parent,
-        depends_on=list(depends_on),
+        depends_on=[*depends_on, *order_after],
         custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout, delete=delete_timeout),
         additional_secret_outputs=(["stderr"] if plain_stdout else ["stdout", "stderr"]) if handles_secrets else None,
         # pulumi-command replaces a Command when its triggers change (schema: triggers[*]); a step

@@ -297,6 +297,8 @@ def test_adding_a_worker_leaves_the_others_untouched(offline_run, run_with, lab_
         "labs-k8s-w03", "labs-k8s-w03-ready", "labs-k8s-w03-prepare", "labs-k8s-w03-refresh-join-material",
         "labs-k8s-w03-kubeadm-join", "labs-k8s-w03-leave-cluster", "labs-k8s-w03-clone-source",
         "labs-k8s-w03-node-settings",
+        # Its upgrade steps (no-ops: it is prepared at the configured version).
+        "labs-k8s-w03-upgrade-drain", "labs-k8s-w03-upgrade", "labs-k8s-w03-upgrade-uncordon",
     }
 
 
@@ -460,11 +462,13 @@ def test_no_single_management_node(offline_run):
     cluster_wide = {"flannel", "verify-cluster", "kubeconfig", "teardown-guard"}
     cluster_wide |= {f"{n}-refresh-join-material" for n in NODES if "-lb" not in n}
     cluster_wide |= {f"{n}-leave-cluster" for n in NODES if "-lb" not in n}
+    cluster_wide |= {f"{n}-upgrade-{action}" for n in NODES if "-w" in n for action in ("drain", "uncordon")}
     for name in cluster_wide:
         assert endpoint_of(offline_run.by_name(name)) == CLUSTER_ENDPOINT, name
     on_m01 = {r.name for r in offline_run.of_type(COMMAND) if host_of(r) == NODES["labs-k8s-m01"]}
+    # The upgrade of m01 itself is m01's, as every node's own upgrade is its own.
     assert on_m01 == {"labs-k8s-m01-ready", "labs-k8s-m01-node-settings", "labs-k8s-m01-prepare",
-                      "labs-k8s-m01-kubeadm-init", "labs-k8s-m01-kubeadm-join"}
+                      "labs-k8s-m01-kubeadm-init", "labs-k8s-m01-kubeadm-join", "labs-k8s-m01-upgrade"}
 
 
 def test_flannel_and_verify(offline_run):
