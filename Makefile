@@ -71,6 +71,7 @@ lint: venv-dev
 bench: venv-dev
 	$(PY) bench/render_scaling.py
 	$(PY) bench/lb_failover.py
+	$(PY) bench/upgrade_chain.py
 
 lock:
 	$(PIP_ENV) $(PIP) install -q pip-tools
