@@ -210,6 +210,46 @@ def test_preseed_network_dhcp_and_static() -> None:
     assert static[("d-i", "netcfg/confirm_static")] == ("boolean", "true")
 
 
+# What netcfg (debian-installer 12) can ask on the way through an unattended install, by path.
+# dhcp.c asks dhcp_failed/dhcp_options when no lease comes, no_default_route when the lease has
+# no router and get_nameservers when it has no DNS, all at critical priority: unanswered, each
+# stops the install at a prompt.
+NETCFG_EVERY_MODE = {
+    "choose_interface", "link_wait_timeout", "disable_autoconfig", "get_hostname", "hostname", "get_domain",
+    "get_nameservers", "wireless_wep",
+}
+NETCFG_DHCP = {"dhcp_timeout", "no_default_route", "dhcp_failed", "dhcp_options"}
+NETCFG_STATIC = {"get_ipaddress", "get_netmask", "get_gateway", "confirm_static"}
+# netcfg/dhcp_options' choices (netcfg's templates; a select is answered with the English text).
+DHCP_OPTIONS = {
+    "Retry network autoconfiguration",
+    "Retry network autoconfiguration with a DHCP hostname",
+    "Configure network manually",
+    "Do not configure the network at this time",
+}
+
+
+@pytest.mark.parametrize("mode", ["dhcp", "static"])
+def test_preseed_answers_every_netcfg_question(mode: str) -> None:
+    cfg = make_lab_config(network={"dnsServers": ["10.3.60.1", "10.3.60.2"]}, **(STATIC if mode == "static" else {}))
+    answers = parse_preseed(render_preseed(cfg))
+    netcfg = {question.removeprefix("netcfg/"): answer for (owner, question), answer in answers.items()
+              if owner == "d-i" and question.startswith("netcfg/")}
+    expected = NETCFG_EVERY_MODE | (NETCFG_STATIC if mode == "static" else NETCFG_DHCP)
+    assert expected <= set(netcfg), f"unanswered: {sorted(expected - set(netcfg))}"
+    # A lease without DNS must not stop the install: the lab's DNS servers, in both modes.
+    assert netcfg["get_nameservers"] == ("string", "10.3.60.1 10.3.60.2")
+    if mode == "dhcp":
+        assert not NETCFG_STATIC & set(netcfg)
+        assert netcfg["no_default_route"] == ("boolean", "true")
+        assert netcfg["dhcp_failed"] == ("note", "")
+        qtype, choice = netcfg["dhcp_options"]
+        assert qtype == "select" and choice in DHCP_OPTIONS
+        assert choice.startswith("Retry")  # no manual configuration to fall back on without a build address
+    else:
+        assert not NETCFG_DHCP & set(netcfg)
+
+
 def test_preseed_apt_proxy() -> None:
     answers = parse_preseed(render_preseed(make_lab_config(**PROXY)))
     assert answers[("d-i", "mirror/http/proxy")] == ("string", "http://apt-cache.labs.local:3142")

@@ -71,7 +71,6 @@ def _static_network(cfg: LabConfig) -> dict[str, str] | None:
         "address": str(cfg.template.build_ip),
         "netmask": str(cfg.network.cidr.netmask),
         "gateway": str(cfg.network.gateway),
-        "nameservers": " ".join(str(ns) for ns in cfg.network.dns_servers),
     }
 
 
@@ -108,6 +107,8 @@ def render_preseed(cfg: LabConfig) -> str:
         hostname=build_hostname(cfg),
         domain=cfg.network.search_domain or "",
         static=_static_network(cfg),
+        # netcfg's list of name servers is space-separated.
+        nameservers=" ".join(str(ns) for ns in cfg.network.dns_servers),
         apt_proxy=cfg.mirrors.apt_proxy or "",
         ntp_servers=cfg.network.ntp_servers or ["0.debian.pool.ntp.org"],
         ssh_user=cfg.ssh.user,
