@@ -218,7 +218,7 @@ def test_data_disk_only_on_roles_that_have_one(cfg, expected):
         mount_point = mount_points[want["role"]]
         assert doc["device_aliases"] == {DATA_DISK_ALIAS: DATA_DISK_BY_PATH}
         assert DATA_DISK_BY_PATH.endswith("-scsi-0:0:1:0")  # unit 1 of the PVSCSI controller
-        assert doc["disk_setup"] == {DATA_DISK_ALIAS: {"table_type": "mbr", "layout": True, "overwrite": False}}
+        assert doc["disk_setup"] == {DATA_DISK_ALIAS: {"table_type": "mbr", "layout": [100], "overwrite": False}}
         (fs,) = doc["fs_setup"]
         assert fs["device"] == f"{DATA_DISK_ALIAS}.1"
         assert fs["filesystem"] == "ext4" and fs["overwrite"] is False
@@ -501,13 +501,18 @@ for name, extra in request["nodes"].items():
             ]
         finally:
             os.path.exists, cc_mounts._is_block_device = exists, is_block
-        out["disk"] = {"mkpart": calls["mkpart"], "mkfs": calls["mkfs"], "mounts": mounts}
+        # What 22.4 feeds sfdisk for this layout (exec_mkpart_mbr: sfdisk --unit=S ... <<< "LAYOUT\n").
+        sfdisk_input = [cc_disk_setup.get_partition_mbr_layout(request["sectors"], definition["layout"])
+                        for _, definition in calls["mkpart"]]
+        out["disk"] = {"mkpart": calls["mkpart"], "mkfs": calls["mkfs"], "mounts": mounts,
+                       "sfdisk_input": sfdisk_input}
     results[name] = out
 json.dump(results, sys.stdout)
 """
 
 
 FOREIGN_MAC = "00:50:56:aa:bb:cc"  # a vCenter-generated MAC: what a clone without its static MAC has
+DATA_DISK_TEST_SECTORS = 2 * 1024 * 1024  # a 1 GiB disk, in 512-byte sectors
 
 
 @pytest.fixture(scope="module")
@@ -515,6 +520,7 @@ def cloud_init_view(cfg) -> dict[str, Any]:
     _require_cloud_init_python()
     request = {
         "alias": DATA_DISK_ALIAS,
+        "sectors": DATA_DISK_TEST_SECTORS,
         "nodes": {n.name: guestinfo_extra_config(cfg, n) for n in cfg.all_nodes},
         "nics": {
             n.name: [["ens160", n.mac], ["ens224", n.mac], [cfg.network.interface, n.mac],
@@ -615,6 +621,28 @@ def test_cloud_init_resolves_the_data_disk_alias(cfg, cloud_init_view):
         (mkfs,) = disk["mkfs"]
         assert (mkfs["device"], str(mkfs["partition"])) == (DATA_DISK_BY_PATH, "1")
         assert disk["mounts"] == [f"{DATA_DISK_BY_PATH}-part1"]
+
+
+def test_data_disk_partition_table_is_one_that_sfdisk_accepts(cfg, cloud_init_view, tmp_path):
+    """cloud-init 22.4's own sfdisk input for our layout, given to Debian 12's sfdisk (util-linux
+    2.38) with cloud-init's own arguments, on a disk image file: one Linux partition from sfdisk's
+    aligned start to the end of the disk (`layout: true` fails here: canonical/cloud-init#1932)."""
+    require_tool("sfdisk")
+    for node in (cfg.control_planes[0], cfg.workers[0]):
+        (sfdisk_input,) = cloud_init_view[node.name]["disk"]["sfdisk_input"]
+        disk = tmp_path / f"{node.name}.img"
+        with disk.open("wb") as handle:
+            handle.truncate(DATA_DISK_TEST_SECTORS * 512)
+        made = subprocess.run(["sfdisk", "--Linux", "--unit=S", "--force", str(disk)], input=f"{sfdisk_input}\n",
+                              capture_output=True, text=True)
+        assert made.returncode == 0, f"{node.name}: sfdisk rejected {sfdisk_input!r}:\n{made.stderr}"
+        table = json.loads(subprocess.run(["sfdisk", "-J", str(disk)], capture_output=True, text=True,
+                                          check=True).stdout)["partitiontable"]
+        assert table["label"] == "dos"
+        (partition,) = table["partitions"]
+        assert partition["type"] == "83"
+        assert partition["start"] == 2048  # 1 MiB aligned
+        assert partition["start"] + partition["size"] == DATA_DISK_TEST_SECTORS
 
 
 def test_data_disk_check_script(cfg, tmp_path):
