@@ -13,8 +13,6 @@ root prefix argument. Both runs must leave the same sealed state.
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -23,13 +21,12 @@ from typing import Any
 import pytest
 
 from components.rendering.template import late_commands, template_files
+from tests.debian_rootfs import SUITE, clean_env, debootstrap_tarball, late_command_argv, run, unpack, write_tree
 from tests.labs import make_lab_config
 from tests.requirements import require_root, require_tool
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO / ".cache" / "seal-rootfs"
-SUITE = "bookworm"
-MIRROR = "http://deb.debian.org/debian"
 # openssh-server: real host keys to delete; sudo: visudo for the late command's sudoers check.
 INCLUDE = ("openssh-server", "sudo")
 # Bump when the recipe changes, so a stale cached rootfs is not reused.
@@ -56,40 +53,12 @@ iface ens192 inet static
 """
 
 
-def _run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, check=False, **kwargs)
-
-
 def _rootfs_tarball(timings: dict[str, float]) -> Path:
     """The cached bookworm rootfs tarball, built with debootstrap on first use."""
-    if ROOTFS_TARBALL.is_file():
-        return ROOTFS_TARBALL
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    build = CACHE_DIR / "build"
-    shutil.rmtree(build, ignore_errors=True)
-    started = time.monotonic()
-    result = _run(
-        [
-            "debootstrap",
-            "--variant=minbase",
-            f"--include={','.join(INCLUDE)}",
-            SUITE,
-            str(build / "root"),
-            MIRROR,
-        ]
-    )
-    timings["debootstrap_seconds"] = time.monotonic() - started
-    if result.returncode != 0:
-        log = build / "root" / "debootstrap" / "debootstrap.log"
-        detail = log.read_text()[-3000:] if log.is_file() else ""
-        shutil.rmtree(build, ignore_errors=True)
-        pytest.fail(f"debootstrap failed ({result.returncode}):\n{result.stderr[-3000:]}\n{detail}", pytrace=False)
-    part = ROOTFS_TARBALL.with_name(ROOTFS_TARBALL.name + ".part")
-    tar = _run(["tar", "--numeric-owner", "--xattrs", "-C", str(build / "root"), "-cf", str(part), "."])
-    shutil.rmtree(build, ignore_errors=True)
-    assert tar.returncode == 0, tar.stderr
-    os.replace(part, ROOTFS_TARBALL)
-    (CACHE_DIR / "debootstrap-seconds.txt").write_text(f"{timings['debootstrap_seconds']:.1f}\n")
+    seconds = debootstrap_tarball(ROOTFS_TARBALL, INCLUDE, variant="minbase")
+    if seconds is not None:
+        timings["debootstrap_seconds"] = seconds
+        (CACHE_DIR / "debootstrap-seconds.txt").write_text(f"{seconds:.1f}\n")
     return ROOTFS_TARBALL
 
 
@@ -179,10 +148,8 @@ def sealed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tarball = _rootfs_tarball(timings)
 
     root = tmp_path_factory.mktemp("seal") / "root"
-    root.mkdir()
     started = time.monotonic()
-    untar = _run(["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-xpf", str(tarball)])
-    assert untar.returncode == 0, untar.stderr
+    unpack(tarball, root)
     timings["unpack_seconds"] = time.monotonic() - started
 
     _plant_build_leftovers(root)
@@ -193,25 +160,20 @@ def sealed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # Steps that touch only the installer's own environment (no /target) are left out.
     files = template_files(make_lab_config())
     cdrom = tmp_path_factory.mktemp("cdrom")
-    for rel, content in files.items():
-        (cdrom / rel).parent.mkdir(parents=True, exist_ok=True)
-        (cdrom / rel).write_text(content)
+    write_tree(cdrom, files)
     (root / "run/sshd").mkdir(parents=True, exist_ok=True)
     steps: list[tuple[str, subprocess.CompletedProcess[str]]] = []
     commands = late_commands(make_lab_config())
     started = time.monotonic()
     for command in commands:
-        if command.startswith("in-target "):
-            args = ["chroot", str(root), *shlex.split(command.removeprefix("in-target "))]
-        elif "/target" in command:
-            args = ["sh", "-c", command.replace("/target", str(root)).replace("/cdrom", str(cdrom))]
-        else:
+        args = late_command_argv(command, root, cdrom)
+        if args is None:
             continue
         if command == commands[-1]:
             started = time.monotonic()
             # sshd's own check of the installed drop-in, while host keys still exist.
-            steps.append(("sshd -t", _run(["chroot", str(root), "/usr/sbin/sshd", "-t"], env=_clean_env())))
-        steps.append((command, _run(args, env=_clean_env())))
+            steps.append(("sshd -t", run(["chroot", str(root), "/usr/sbin/sshd", "-t"], env=clean_env())))
+        steps.append((command, run(args, env=clean_env())))
     timings["seal_chroot_seconds"] = time.monotonic() - started
     first = steps[-1][1]
     after_first = _observe(root)
@@ -222,12 +184,12 @@ def sealed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         if rel.startswith("labs-k8s/"):
             (outside / rel.removeprefix("labs-k8s/")).write_text(content)
     started = time.monotonic()
-    second = _run(["bash", str(outside / "seal-template.sh"), str(root)], env=_clean_env())
+    second = run(["bash", str(outside / "seal-template.sh"), str(root)], env=clean_env())
     timings["seal_prefix_seconds"] = time.monotonic() - started
     after_second = _observe(root)
 
     # A clone's first boot: the safety-net unit's command brings host keys back.
-    unit_exec = _run(["chroot", str(root), "/usr/bin/ssh-keygen", "-A"], env=_clean_env())
+    unit_exec = run(["chroot", str(root), "/usr/bin/ssh-keygen", "-A"], env=clean_env())
     regenerated = sorted(p.name for p in (root / "etc/ssh").glob("ssh_host_*"))
 
     print(f"\nseal rootfs timings: {', '.join(f'{k}={v:.1f}' for k, v in timings.items())}")
@@ -244,10 +206,6 @@ def sealed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "regenerated": regenerated,
         "timings": timings,
     }
-
-
-def _clean_env() -> dict[str, str]:
-    return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
 def test_rootfs_starts_unsealed(sealed: dict[str, Any]) -> None:
@@ -279,9 +237,9 @@ def test_late_command_runs_in_the_target(sealed: dict[str, Any]) -> None:
 
 
 def test_both_runs_succeed(sealed: dict[str, Any]) -> None:
-    for run in ("first", "second"):
-        result = sealed[run]
-        assert result.returncode == 0, f"{run} run failed:\n{result.stdout}\n{result.stderr}"
+    for which in ("first", "second"):
+        result = sealed[which]
+        assert result.returncode == 0, f"{which} run failed:\n{result.stdout}\n{result.stderr}"
         assert "sealed" in result.stderr
 
 
@@ -361,7 +319,7 @@ def test_seal_refuses_a_directory_that_is_not_a_debian_root(tmp_path: Path) -> N
     victim = tmp_path / "home-directory"
     victim.mkdir()
     (victim / "precious.txt").write_text("keep me\n")
-    result = _run(["bash", str(bundle / "seal-template.sh"), str(victim)])
+    result = run(["bash", str(bundle / "seal-template.sh"), str(victim)])
     assert result.returncode != 0
     assert "does not look like a Debian root" in result.stderr
     assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
@@ -369,6 +327,6 @@ def test_seal_refuses_a_directory_that_is_not_a_debian_root(tmp_path: Path) -> N
     (victim / "etc").mkdir()
     (victim / "etc/debian_version").write_text("12.12\n")
     (bundle / "tools.conf").unlink()
-    result = _run(["bash", str(bundle / "seal-template.sh"), str(victim)])
+    result = run(["bash", str(bundle / "seal-template.sh"), str(victim)])
     assert result.returncode != 0 and "tools.conf is missing" in result.stderr
     assert not (victim / "etc/machine-id").exists()
