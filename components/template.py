@@ -42,7 +42,9 @@ REPLACE_KEYS = ("name", "datacenter", "cluster", "datastore", "network", "folder
 COMPUTED_KEYS = ("uuid", "moid", "guestId", "isoPath")
 REQUIRED_OUTPUTS = ("uuid", "guestId")
 PROVIDER_KEY = "__provider"  # the pickled provider the SDK adds to every dynamic resource's inputs
-ISO_CACHE = Path(os.environ.get("LABS_K8S_CACHE", Path.home() / ".cache" / "labs-k8s")) / "iso"
+# Per machine, outside any checkout: survives a fresh clone, shared by every stack on the machine.
+CACHE_ROOT = Path(os.environ.get("LABS_K8S_CACHE", Path.home() / ".cache" / "labs-k8s"))
+ISO_CACHE = CACHE_ROOT / "iso"
 ISO_DATASTORE_DIR = "labs-k8s-iso"
 
 # Input key of each required field (the camelCase names the program registers).

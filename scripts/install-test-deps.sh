@@ -28,6 +28,8 @@ packages=(
   ca-certificates util-linux
   # golden template: boot media and a real Debian rootfs for the seal script
   xorriso isolinux syslinux-common mtools dosfstools debootstrap sudo
+  # first boot of the sealed template: clones in QEMU (TCG) with PVSCSI and VMXNET3, reached over SSH
+  qemu-system-x86 qemu-utils e2fsprogs fdisk openssh-client
   # vcsim, built from Debian's govmomi sources (tests/tools/build_vcsim.sh)
   golang-go golang-github-vmware-govmomi-dev dpkg-dev
 )
