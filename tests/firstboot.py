@@ -26,7 +26,7 @@ the kernel line names it as init (see the transport below).
 
 The image is cached by the content hash of its inputs (package list, preseed, template files, seal
 script, this recipe) under `~/.cache/labs-k8s/firstboot/` (`$LABS_K8S_CACHE`), outside the
-repository: a second run on the same machine only boots. The debootstrap tarball has a cache key of
+repository: a second run on the same machine only boots. The installed rootfs has a cache key of
 its own (suite, mirror, packages), so a change to the seal script re-seals without downloading.
 
 The clones. Each is a copy-on-write qcow2 overlay of the image, booted with TCG (no KVM), with the
@@ -53,6 +53,7 @@ VMware (open-vm-tools) start, and ds-identify sees a VMware platform.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -135,6 +136,8 @@ NIC_PCI_ADDRESS = "0000:0b:00.0"
 SMBIOS_VENDOR = "VMware, Inc."
 SMBIOS_PRODUCT = "VMware Virtual Platform"
 
+# An image or rootfs unused this long goes (each is 1-2 GB); the current one is touched on every use.
+STALE_AFTER_SECONDS = 24 * 3600
 CLONE_MEMORY_MIB = 1024  # TCG: more vCPUs or memory only slow the host down
 
 
@@ -291,7 +294,23 @@ def _installed_rootfs(tarball: Path, packages: Sequence[str]) -> float:
 
 
 def build_image(cfg: LabConfig) -> TemplateImage:
-    """The sealed template as a bootable qcow2 with its kernel and initrd, from the cache if there."""
+    """The sealed template as a bootable qcow2 with its kernel and initrd, from the cache if there.
+
+    Several checkouts on one machine share the cache: one builds while the others wait (a lock),
+    and an image is removed only after a day without use, so none vanishes under a running test."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with (CACHE_DIR / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        image = _cached_or_built_image(cfg)
+        for path in (image.disk.parent, CACHE_DIR / f"rootfs-{image.facts['rootfs_key']}.tar"):
+            os.utime(path)  # last use, for the pruning below
+        for stale in [*CACHE_DIR.glob("image-*"), *CACHE_DIR.glob("rootfs-*")]:
+            if time.time() - stale.stat().st_mtime > STALE_AFTER_SECONDS:
+                shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+    return image
+
+
+def _cached_or_built_image(cfg: LabConfig) -> TemplateImage:
     rootfs_key, key = image_key(cfg)
     final = CACHE_DIR / f"image-{key}"
     if (final / "facts.json").is_file():
@@ -350,10 +369,6 @@ def build_image(cfg: LabConfig) -> TemplateImage:
     (work / "facts.json").write_text(json.dumps(facts, indent=2) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(work, final)
-    # One image per machine is enough: older ones are 1-2 GB each.
-    for stale in [*CACHE_DIR.glob("image-*"), *CACHE_DIR.glob("rootfs-*.tar")]:
-        if stale.name not in (final.name, tarball.name):
-            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
     return TemplateImage(final / "disk.qcow2", final / "vmlinuz", final / "initrd.img", facts, built_now=True)
 
 
