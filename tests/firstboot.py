@@ -586,12 +586,12 @@ class CloneLab:
         return keys
 
     def ssh(
-        self, clone: Clone, command: str, stdin: str | None = None, timeout: float = 600
+        self, clone: Clone, command: str, stdin: str | None = None, timeout: float = 600, connect_timeout: int = 15
     ) -> subprocess.CompletedProcess[str]:
         """`ssh user@ip COMMAND` with the bundle on stdin: what pulumi-command's remote.Command does."""
         return self.in_ns(
             "ssh", "-i", str(self.private_key),
-            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=15",
+            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", f"ConnectTimeout={connect_timeout}",
             "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
             "-o", "LogLevel=ERROR",
             f"{self.ssh_user}@{clone.node.ip}", command,

@@ -128,14 +128,29 @@ def _registered(program: Any, name: str) -> dict[str, Any]:
     return program.by_name(name).plain_inputs
 
 
+# ssh's own failure to reach or greet the host (exit 255): what pulumi-command counts as a dial error.
+DIAL_ERROR = re.compile(r"^(ssh: connect to host |kex_exchange_identification: |Connection (closed|reset) by )", re.M)
+
+
 def _run_step(lab: Any, clone: Any, command: dict[str, Any], step: str, timeout: float = 600) -> dict[str, Any]:
-    """The program's registered remote.Command: its `create` over SSH, its `stdin` on stdin."""
+    """The program's registered remote.Command: its `create` over SSH, its `stdin` on stdin.
+
+    Dial errors are retried as pulumi-command does with the registered connection's settings
+    (remote/connection.go dialWithRetry: `dialErrorLimit` attempts of `perDialTimeout` each,
+    back-off 100 ms x1.5 up to 5 s): cloud-init restarts sshd while it configures it."""
     connection = command["connection"]
     assert connection["host"] == str(clone.node.ip), f"{step}: the program dials {connection['host']}"
     assert connection["user"] == lab.ssh_user
     started = time.monotonic()
-    result = lab.ssh(clone, command["create"], stdin=command.get("stdin"), timeout=timeout)
-    return {"rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
+    delay, attempts = 0.1, int(connection["dialErrorLimit"])
+    for attempt in range(1, attempts + 1):
+        result = lab.ssh(clone, command["create"], stdin=command.get("stdin"), timeout=timeout,
+                         connect_timeout=int(connection["perDialTimeout"]))
+        if result.returncode != 255 or not DIAL_ERROR.search(result.stderr) or attempt == attempts:
+            break
+        time.sleep(delay)
+        delay = min(delay * 1.5, 5.0)
+    return {"rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr, "dials": attempt,
             "seconds": round(time.monotonic() - started, 1)}
 
 
