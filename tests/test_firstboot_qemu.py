@@ -203,9 +203,10 @@ def firstboot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
         # The readiness step of one clone run on the other: it must fail, naming both.
         cp_clone, worker_clone = lab.clones[first_cp.name], lab.clones[first_worker.name]
+        cp_ready = _registered(program, f"{first_cp.name}-ready")
         observed["wrong_clone"] = _run_step(
-            lab, worker_clone, {**_registered(program, f"{first_cp.name}-ready"),
-                                "connection": {"host": str(first_worker.ip), "user": cfg.ssh.user}}, "ready")
+            lab, worker_clone, {**cp_ready, "connection": {**cp_ready["connection"], "host": str(first_worker.ip)}},
+            "ready")
 
         # A step with real work on the first control plane, then the whole-lab teardown path of
         # its delete: teardown-guard's delete leaves the marker, the drain skips (components/cluster.py).
