@@ -5,8 +5,8 @@ project's seal script; cached outside the repository) and boots the clones; its 
 what each part stands in for. Here the program itself is run under the mock engine with a key
 made for this run, and each clone gets exactly what the program registers for its VM: the
 guestinfo.* values of `extraConfig` and the MAC address of its network interface. The SSH steps
-are the program's own registered commands: the readiness step of each clone and the first
-control plane's drain-on-removal step, each sent as `ssh user@ip 'sudo -n bash -s'` with the
+are the program's own registered commands: the readiness step and the node-settings step of each
+clone, each sent as `ssh user@ip 'sudo -n bash -s'` with the
 registered bundle on stdin, as pulumi-command's remote.Command sends it.
 
 Two clones: the first control plane and the first worker, so both roles' data disks are seen.
@@ -202,24 +202,20 @@ def firstboot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             seen["console"] = clone.console_tail(400)
 
         # The readiness step of one clone run on the other: it must fail, naming both.
-        cp_clone, worker_clone = lab.clones[first_cp.name], lab.clones[first_worker.name]
+        worker_clone = lab.clones[first_worker.name]
         cp_ready = _registered(program, f"{first_cp.name}-ready")
         observed["wrong_clone"] = _run_step(
             lab, worker_clone, {**cp_ready, "connection": {**cp_ready["connection"], "host": str(first_worker.ip)}},
             "ready")
 
-        # A step with real work on the first control plane, then the whole-lab teardown path of
-        # its delete: teardown-guard's delete leaves the marker, the drain skips (components/cluster.py).
-        drain = _registered(program, f"{first_worker.name}-drain-on-removal")
-        observed["drain_create"] = _run_step(lab, cp_clone, drain, "drain-on-removal")
-        step_dir = f"/var/lib/labs-k8s/steps/{first_worker.name}-drain-on-removal"
-        listing = f"sudo -n sh -c 'stat -c \"%a %U %n\" {step_dir} {step_dir}/*'"
-        observed["drain_files"] = lab.ssh(cp_clone, listing).stdout
-        guard = _registered(program, "teardown-guard")
-        observed["guard_delete"] = _run_step(lab, cp_clone, {**guard, "create": guard["delete"], "stdin": None},
-                                             "teardown-guard")
-        observed["drain_delete"] = _run_step(lab, cp_clone, {**drain, "create": drain["delete"], "stdin": None},
-                                             "drain-on-removal delete")
+        # A step with real work on every node: the node settings a later `up` applies in place
+        # (authorized keys, NTP, DNS, network config, apt proxy); on a fresh clone it must agree.
+        for clone in lab.clones.values():
+            seen = observed["clones"][clone.node.name]
+            settings = _registered(program, f"{clone.node.name}-node-settings")
+            seen["node_settings"] = _run_step(lab, clone, settings, "node-settings")
+            step_dir = f"/var/lib/labs-k8s/steps/{clone.node.name}-node-settings"
+            seen["node_settings_dir"] = lab.ssh(clone, f"sudo -n stat -c '%a %U' {step_dir}").stdout.strip()
 
     for name, seen in observed["clones"].items():
         final = seen["guest"]["final_message"]
@@ -375,18 +371,11 @@ def test_data_disk_is_mounted_where_the_role_needs_it(firstboot):
 # --------------------------------------------------------------------------- a real step
 
 
-def test_a_real_step_bundle_runs_and_its_teardown_path_skips(firstboot):
-    worker = _names(firstboot)[1]
-    create = firstboot["drain_create"]
-    assert create["rc"] == 0, create
-    listing = firstboot["drain_files"].splitlines()
-    step_dir = f"/var/lib/labs-k8s/steps/{worker}-drain-on-removal"
-    assert f"700 root {step_dir}" in listing
-    assert f"600 root {step_dir}/drain-node.sh" in listing
-    assert firstboot["guard_delete"]["rc"] == 0, firstboot["guard_delete"]
-    delete = firstboot["drain_delete"]
-    assert delete["rc"] == 0, delete
-    assert "skipped-teardown" in delete["stdout"], delete
+def test_a_real_step_bundle_runs_through_the_programs_transport(firstboot):
+    for name in _names(firstboot):
+        seen = firstboot["clones"][name]
+        assert seen["node_settings"]["rc"] == 0, f"{name}: {seen['node_settings']}"
+        assert seen["node_settings_dir"] == "700 root"
 
 
 def test_timings_are_recorded(firstboot):
