@@ -630,6 +630,7 @@ CHANGE_CASES: tuple[ChangeCase, ...] = (
                {"labs-k8s:sshPrivateKey": _ROTATED_PRIVATE_KEY}),
     ChangeCase("`network.ntpServers`", _set("network", ntpServers=["ntp1.labs.local"])),
     ChangeCase("`network.dnsServers`", _set("network", dnsServers=["10.3.60.2"])),
+    ChangeCase("`loadBalancer.advertIntSeconds` (a balancer setting)", _set("loadBalancer", advertIntSeconds=2)),
     ChangeCase("`nodes.workers.memoryMib`", _grow_workers),
     ChangeCase("`nodes.workers.dataDiskGib`", _bigger_data_disks),
     ChangeCase("A worker's address (`nodes.workers.hosts[0].ip`)", _move_worker),

@@ -110,8 +110,10 @@ class KubeadmCluster(pulumi.ComponentResource):
             files=lambda token, key: k8s_rendering.init_files(lab, token, key),
             entrypoint=k8s_rendering.INIT_ENTRYPOINT,
             secrets=[self.token, self.certificate_key],
-            # The VIP must answer before init: controlPlaneEndpoint points there.
-            depends_on=[self.prepared[first.name], *balancers_ready],
+            depends_on=[self.prepared[first.name]],
+            # The VIP must answer before init (controlPlaneEndpoint points there), but a balancer's
+            # re-run (a new HAProxy config) is no reason to re-run init and everything after it.
+            order_after=balancers_ready,
             handles_secrets=True,
         )
 
@@ -151,7 +153,8 @@ class KubeadmCluster(pulumi.ComponentResource):
             "flannel",
             files=lambda: k8s_rendering.flannel_files(lab),
             entrypoint=k8s_rendering.FLANNEL_ENTRYPOINT,
-            depends_on=[self.init],
+            depends_on=[],
+            order_after=[self.init],
         )
 
         self.verify = self._cluster_step(
@@ -172,8 +175,9 @@ class KubeadmCluster(pulumi.ComponentResource):
             files=lambda: k8s_rendering.kubeconfig_files(lab),
             entrypoint=k8s_rendering.KUBECONFIG_ENTRYPOINT,
             # kubeadm renews admin.conf's certificate on every control plane it upgrades: a new version
-            # re-exports the kubeconfig once the last control plane is done.
-            depends_on=[self.init, last_control_plane],
+            # re-exports the kubeconfig once the last control plane is done (the version trigger).
+            depends_on=[],
+            order_after=[self.init, last_control_plane],
             handles_secrets=True,
             extra_triggers=[
                 self._previous.next_generation("kubeconfig", "kubeconfig-renewal", renew),
@@ -262,10 +266,12 @@ class KubeadmCluster(pulumi.ComponentResource):
             files=lambda token, key: k8s_rendering.refresh_files(lab, token, key, node),
             entrypoint=k8s_rendering.REFRESH_ENTRYPOINT,
             secrets=[self.token, self.certificate_key],
-            depends_on=[after, self.prepared[node.name], leave],
+            depends_on=[self.prepared[node.name], leave],
             handles_secrets=True,
             extra_triggers=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
-            order_after=order_after,
+            # After the previous join (one control plane at a time); its re-run is no reason to
+            # refresh again: this node's own steps and join attempts are.
+            order_after=[after, *order_after],
         )
         self.refreshes[node.name] = refresh
         if node.role is Role.CONTROL_PLANE:

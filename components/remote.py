@@ -126,7 +126,9 @@ def run_step(
     `extra_triggers` are re-run reasons beyond content and upstream ids; `upstream_triggers=False`
     leaves the upstream ids out (a step that is right to skip when only something before it was
     replaced: the upgrade steps). `order_after` orders the step after those resources without making
-    their replacement a reason to re-run it (ordering that exists only during an upgrade). `plain_stdout` keeps a
+    their replacement a reason to re-run it: another machine's steps (a balancer's new HAProxy config
+    does not re-run `kubeadm init` and, through it, every later step), or ordering that exists only
+    during an upgrade. `plain_stdout` keeps a
     secret-handling step's stdout (a status word) readable in the state; stderr stays secret.
     """
     step_name = resource_name
@@ -147,8 +149,9 @@ def run_step(
         if secrets:
             stdin = pulumi.Output.secret(stdin)
         stdin_hash = stdin.apply(content_hash)
-    # The identities of upstream steps and VMs are part of the trigger: a replaced VM re-runs
-    # every step after it, in order (each step is guarded, so re-running a done step is a no-op).
+    # The identities of this machine's earlier steps and VM (`depends_on`, never `order_after`) are
+    # part of the trigger: a replaced VM re-runs every step on it, in order (each step is guarded,
+    # so re-running a done step is a no-op). Another machine's steps only order (`order_after`).
     if triggers is None:
         upstream_ids = (
             [r.id for r in depends_on if isinstance(r, pulumi.CustomResource)]
@@ -164,10 +167,10 @@ def run_step(
         # that is not re-run on change takes a new bundle as an in-place update of its stdin.
         replace_on_changes=["triggers"],
         delete_before_replace=delete_before_replace,
-        # A step whose delete does real work keeps the connection it was created with: pulumi-command
-        # replaces a Command whose connection changes (an SSH key rotation), and that replacement
-        # would run the delete (drain a node, remove an etcd member) during an ordinary `up`.
-        ignore_changes=None if rerun_on_change else ["connection"],
+        # No ignoreChanges on `connection`: pulumi-command replaces a Command only when `triggers`
+        # change (v1.2.1 provider/pkg/provider/common ResourceInputs; `connection` carries no
+        # replaceOnChanges), so an SSH key rotation is an in-place update that re-runs the no-op
+        # create and stores the new key, which a later delete (a node leaving) logs in with.
     )
     create = RUN_STEP if rerun_on_change else "true"
     if create_args:

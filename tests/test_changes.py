@@ -243,6 +243,17 @@ def test_in_place_changes_rebuild_and_reboot_nothing(case_plans, title_part):
     assert not [e for e in plan.effects if e.type == changes.ANTI_AFFINITY_RULE]
 
 
+def test_a_key_rotation_hands_the_new_key_to_the_steps_whose_delete_runs_later(case_plans):
+    """The leave guards and teardown-guard are updated in place with the new connection (never
+    replaced: that would run their delete), so removing a node or destroying the lab after a
+    rotation logs in with the key the nodes trust now."""
+    plan = _plan_for("ssh.publicKey` +", case_plans)
+    guards = {e.name: (e.action, e.inputs) for e in plan.effects
+              if e.name.endswith("-leave-cluster") or e.name == "teardown-guard"}
+    assert len(guards) == 6
+    assert set(guards.values()) == {("update", ("connection",))}
+
+
 def test_a_new_identity_replaces_the_vm_delete_first(case_plans):
     plan = _plan_for("A worker's address", case_plans)
     vm = plan.effect("labs-k8s-w01")
@@ -268,6 +279,14 @@ def test_no_vm_is_ever_replaced_create_before_delete(case_plans):
                 assert effect.delete_before_replace, (title, effect.name)
                 replaced += 1
     assert replaced >= 3  # the cases do replace VMs (an address, data disks)
+
+
+def test_a_balancer_setting_re_runs_the_balancers_and_nothing_after_them(case_plans):
+    """`kubeadm init` waits for the balancers but is not re-run by theirs, nor through it is every
+    later step of the cluster (a one-line HAProxy change used to replace 14 steps)."""
+    plan = _plan_for("loadBalancer.advertIntSeconds", case_plans)
+    assert {(e.name, e.action) for e in plan.effects} == {
+        ("labs-k8s-lb01-lb-setup", "replace"), ("labs-k8s-lb02-lb-setup", "replace")}
 
 
 def test_a_rebuilt_template_leaves_the_nodes_alone(case_plans):

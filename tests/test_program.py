@@ -514,9 +514,9 @@ def test_leave_guards_remove_a_node_before_its_vm_goes(offline_run):
         assert leave.property_dependencies["triggers"] == [vm.urn]
         assert leave.plain_inputs["triggers"] == [f"{node}-id"]
         assert "triggers" in leave.replace_on_changes and leave.delete_before_replace
-        # An SSH key rotation changes every connection: this step keeps its own, so a rotation
-        # never replaces it (a replacement would run its delete against a live node).
-        assert "connection" in leave.ignore_changes
+        # An SSH key rotation changes every connection: an in-place update (pulumi-command replaces
+        # on triggers only), so the delete that runs later logs in with the current key.
+        assert "connection" not in leave.ignore_changes and "connection" not in leave.replace_on_changes
         # The create does nothing; the delete runs the bundle (drain, delete the Node, etcd member).
         assert leave.plain_inputs["create"] == "true"
         assert leave.plain_inputs["delete"] == "sudo -n bash -s"
@@ -534,7 +534,8 @@ def test_teardown_guard_marks_on_delete_clears_on_create_and_is_never_replaced(o
     assert guard.plain_inputs["create"] == "sudo -n bash -s -- clear"
     assert guard.plain_inputs["delete"] == "sudo -n bash -s -- set"
     assert guard.plain_inputs["triggers"] == []
-    assert "connection" in guard.ignore_changes and guard.delete_before_replace  # mark, then clear
+    assert guard.delete_before_replace  # mark, then clear
+    assert "connection" not in guard.ignore_changes  # a key rotation updates the key its delete uses
     assert "teardown-guard.sh" in guard.plain_inputs["stdin"]
 
 
