@@ -17,7 +17,7 @@ help:
 	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack $(STACK)"
 	@echo "make test     create the virtualenv, install what the tests need, run the whole suite"
 	@echo "make preview  check, then pulumi preview --stack $(STACK) (what a pull request shows)"
-	@echo "make destroy  check, then pulumi destroy --stack $(STACK) (never creates a stack)"
+	@echo "make destroy  check, then pulumi destroy --stack $(STACK) --refresh (never creates a stack)"
 	@echo "              (STACK=<site> or export STACK: README, \"Your first lab\")"
 	@echo "make render   offline: plan.json, graph.mmd and every file pushed to a machine, into render/"
 	@echo "make bench    print the benchmarks' figures"
@@ -45,9 +45,13 @@ preview: venv
 	$(PY) -m components check --stack $(STACK) --for preview
 	pulumi preview --stack $(STACK) --diff
 
+# --refresh: `pulumi destroy` alone trusts the state, and the vSphere provider's delete of a VM that
+# is already gone from vCenter fails ("cannot locate virtual machine with UUID"), while its read
+# marks such a VM gone (terraform-provider-vsphere resourceVSphereVirtualMachineDelete / Read,
+# virtualmachine.UUIDNotFoundError). Reading first lets a destroy finish with a node already gone.
 destroy: venv
 	$(PY) -m components check --stack $(STACK) --for destroy
-	pulumi destroy --stack $(STACK)
+	pulumi destroy --stack $(STACK) --refresh
 
 render: venv
 	$(PY) -m components render --stack $(STACK) --out render

@@ -124,6 +124,17 @@ def test_destroy_never_creates_a_stack(sandbox):
     assert "stack init" not in sandbox.commands() and "destroy" not in sandbox.commands()
 
 
+def test_destroy_reads_vcenter_first_so_a_vm_already_gone_does_not_stop_it(sandbox):
+    """`pulumi destroy` alone trusts the state: the vSphere provider's delete of a VM deleted in
+    vCenter fails ("cannot locate virtual machine with UUID", terraform-provider-vsphere
+    resourceVSphereVirtualMachineDelete), while its read marks the VM gone (UUIDNotFoundError ->
+    SetId("")). So `make destroy` refreshes first (docs/troubleshooting.md)."""
+    ready_stack(sandbox)
+    result = sandbox.make("destroy", f"STACK={STACK}")
+    assert result.returncode == 0, result.stderr
+    assert sandbox.calls()[-1] == ["destroy", "--stack", STACK, "--refresh"]
+
+
 def test_the_stack_file_must_exist(sandbox):
     sandbox.run("pulumi login --local\n")
     result = sandbox.make("up", "STACK=nowhere", PULUMI_CONFIG_PASSPHRASE="x")

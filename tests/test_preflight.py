@@ -106,9 +106,13 @@ def test_three_host_cluster_passes(with_folder, lab_config, monkeypatch):
     lab_config = small_disks(lab_config)
     connected = []
     session = vs.session
-    monkeypatch.setattr(vs, "session", lambda *a, **k: connected.append(a) or session(*a, **k))
+    monkeypatch.setattr(vs, "session", lambda *a, **k: connected.append((a, k)) or session(*a, **k))
     run_preflight(inputs_for(sim, lab_on(sim, lab_config), monkeypatch))  # raises on any error
     assert connected, "preflight did not talk to vcsim"
+    # One parser for vsphere:vsphereServer (given as host:port): preflight connects with the host
+    # and port parse_server gives, not with the raw value left to pyVim's own host:port parsing.
+    ((args, kwargs),) = connected
+    assert (args[0], kwargs.get("port")) == (sim.host, sim.port)
 
 
 def test_two_hosts_fail_the_mandatory_control_plane_rule(with_folder, lab_config, monkeypatch):
