@@ -102,7 +102,8 @@ def test_missing_ssh_private_key_is_a_clear_error_before_registration():
 
 @pytest.mark.parametrize(
     ("server", "complaint"),
-    [("https://vcenter.labs.local/sdk", "is a URL"), ("vcenter.labs.local:44x3", "has no valid port")],
+    [("https://vcenter.labs.local/sdk", "is a URL"), ("vcenter.labs.local:44x3", "has no valid port"),
+     ("fd00::10", "is an IPv6 address without brackets")],
 )
 def test_a_bad_vcenter_address_is_a_clear_error_before_registration(server, complaint):
     monitors: list[RecordingMonitor] = []

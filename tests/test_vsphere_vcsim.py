@@ -136,9 +136,8 @@ def messages(findings: list[vs.Finding]) -> str:
     ("value", "host", "port"),
     [
         ("vcenter.labs.local", "vcenter.labs.local", 443),
-        (" vcenter.labs.local:8443 ", "vcenter.labs.local", 8443),
+        ("vcenter.labs.local:8443", "vcenter.labs.local", 8443),
         ("10.3.60.10:443", "10.3.60.10", 443),
-        ("fd00::10", "fd00::10", 443),
         ("[fd00::10]", "fd00::10", 443),
         ("[fd00::10]:8443", "fd00::10", 8443),
     ],
@@ -162,6 +161,26 @@ def test_server_address_forms(value: str, host: str, port: int) -> None:
 def test_server_address_errors_name_the_key(value: str, complaint: str) -> None:
     with pytest.raises(vs.VSphereError, match=f"vsphere:vsphereServer.*{re.escape(complaint)}.*host name"):
         vs.parse_server(value)
+
+
+# Forms the vsphere provider cannot use although pyVim would: it parses "https://" + value + "/sdk"
+# with Go's url.Parse (terraform-provider-vsphere config.go vimURL), which fails on the spaces
+# ("invalid port \":8443 \" after host", "invalid character \" \" in host name") and reads a bare
+# IPv6 address as host "fd00:", port "10" (checked with Go 1.19's net/url).
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        (" vcenter.labs.local:8443 ", "has spaces around it"),
+        ("vcenter.labs.local ", "has spaces around it"),
+        ("fd00::10", "is an IPv6 address without brackets"),
+    ],
+)
+def test_server_forms_the_vsphere_provider_cannot_use_are_refused(value: str, complaint: str) -> None:
+    with pytest.raises(vs.VSphereError, match=f"vsphere:vsphereServer {re.escape(repr(value))} {complaint}"):
+        vs.parse_server(value)
+    if complaint.startswith("is an IPv6"):
+        with pytest.raises(vs.VSphereError, match=re.escape("write it as [fd00::10] (or [fd00::10]:443)")):
+            vs.parse_server(value)
 
 
 def test_connect_verifies_tls_even_on_localhost(vcsim: Vcsim) -> None:

@@ -129,15 +129,21 @@ class ServerAddress:
 
 
 def parse_server(value: str) -> ServerAddress:
-    """`vsphere:vsphereServer` as host, host:port, IPv6, or [IPv6]:port; the one parser for it.
+    """`vsphere:vsphereServer` as host, host:port, [IPv6] or [IPv6]:port; the one parser for it.
 
-    The vsphere provider builds https://<value>/sdk from it, so a URL (scheme or path) is an
-    error here too, not something to guess around.
+    It accepts exactly what the vsphere provider can use: the provider builds
+    https://<value>/sdk and hands it to Go's url.Parse (terraform-provider-vsphere config.go
+    vimURL), so a URL (scheme or path) is an error here too, not something to guess around;
+    spaces around the value fail there ("invalid port", "invalid character in host name"); and
+    a bare IPv6 address reads as host "fd00:" with port "10", so it needs its brackets.
     """
-    text = (value or "").strip()
+    text = value or ""
     fix = "set vsphere:vsphereServer to the vCenter host name, optionally with :port (vcenter.example.com:443)"
-    if not text:
+    if not text.strip():
         raise VSphereError(f"vsphere:vsphereServer is empty; {fix}")
+    if text != text.strip():
+        raise VSphereError(f"vsphere:vsphereServer {value!r} has spaces around it, which the vsphere provider "
+                           f"refuses; {fix}")
     if "://" in text or "/" in text:
         raise VSphereError(f"vsphere:vsphereServer {value!r} is a URL; {fix}")
     host, port = text, ""
@@ -148,7 +154,9 @@ def parse_server(value: str) -> ServerAddress:
         port = rest[1:]
     elif text.count(":") == 1:
         host, _, port = text.partition(":")
-    # More than one colon without brackets: a bare IPv6 address on the default port.
+    elif ":" in text:
+        raise VSphereError(f"vsphere:vsphereServer {value!r} is an IPv6 address without brackets, which the "
+                           f"vsphere provider reads as host:port; write it as [{text}] (or [{text}]:443)")
     if not host:
         raise VSphereError(f"vsphere:vsphereServer {value!r} has no host; {fix}")
     if port == "" and not text.endswith(":"):
