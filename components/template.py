@@ -131,9 +131,11 @@ class TemplateBuildProvider(ResourceProvider):
     The vCenter login is not an input of the resource: it is read when a call is made, from the
     stack configuration the engine hands this provider at Configure (for dynamic providers the
     engine passes every key, `vsphere:*` included: pulumi/pulumi#17673, Pulumi CLI 3.139.0 or newer)
-    or from VSPHERE_* in the environment. So the password is never in the state, a rotated
-    password is used by the very next `refresh` or `destroy`, and a preview run with another
-    (read-only) account shows no change.
+    or from VSPHERE_* in the environment. So the password is never in this resource's state, a
+    rotated password is used by the next `up`, `refresh` or `destroy` (a CLI from before
+    pulumi/pulumi#18740 configures a `refresh` or `destroy` with the config recorded at the last
+    `up`: one `up` first, docs/runbook.md), and a preview run with another (read-only) account
+    shows no change.
     """
 
     def configure(self, req: ConfigureRequest) -> None:

@@ -27,6 +27,13 @@ pkg/resource/deploy/step_generator.go and sdk/go/common/resource/plugin/provider
   gone and leaves the state;
 - `destroy`: Delete(properties=old outputs, old_inputs).
 
+`refresh` and `destroy` do not run the program, so no default provider is registered: the engine
+rehydrates the one in the state. Since pulumi/pulumi#18740 (2025) it configures it with
+the current stack config when DiffConfig allows (the Python host has no DiffConfig: the engine's
+own comparison makes it an update, never a replacement); before that it used the inputs recorded
+at the last `up` (providers.Registry.Same: Configure(res.Inputs)). `recorded_provider_config=True`
+plays such an older CLI.
+
 The registered inputs come from the program itself run under the mock engine
 (components/offline.py: Registration.wire_inputs is the RegisterResource request's `object`,
 serialized by pulumi.runtime.rpc.serialize_properties, which drops every None), never from a dict
@@ -315,6 +322,8 @@ class EngineResource:
         self.environment = environment
         self.state: ResourceState | None = None
         self.steps: list[Step] = []
+        # The default provider's inputs in the state: the stack config of the last `up`.
+        self.provider_config: tuple[dict[str, str], tuple[str, ...]] | None = None
 
     def host(self, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...]) -> ProviderHost:
         return ProviderHost(config, secret_keys, environment=self.environment)
@@ -365,10 +374,20 @@ class EngineResource:
                 self.state = ResourceState(created.id, checked, created.properties)
                 if not step.delete_before_replace:
                     host.delete(self.urn, old.id, old.outputs, old.inputs, self.timeout_s)
+            self.provider_config = (dict(config), tuple(secret_keys))
             return self._record(step)
 
-    def refresh(self, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...]) -> Step:
+    def _rehydrated(self, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...],
+                    recorded_provider_config: bool) -> tuple[Mapping[str, str], list[str] | tuple[str, ...]]:
+        """The config the provider of a command that does not run the program is configured with."""
+        if recorded_provider_config and self.provider_config is not None:
+            return self.provider_config
+        return config, secret_keys
+
+    def refresh(self, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...], *,
+                recorded_provider_config: bool = False) -> Step:
         assert self.state is not None, "nothing to refresh"
+        config, secret_keys = self._rehydrated(config, secret_keys, recorded_provider_config)
         with self.host(config, secret_keys) as host:
             read = host.read(self.urn, self.state.id, self.state.outputs, self.state.inputs)
         if not read.id:
@@ -378,8 +397,10 @@ class EngineResource:
         self.state = ResourceState(read.id, inputs, read.properties)
         return self._record(Step("refresh"))
 
-    def destroy(self, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...]) -> Step:
+    def destroy(self, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...], *,
+                recorded_provider_config: bool = False) -> Step:
         assert self.state is not None, "nothing to destroy"
+        config, secret_keys = self._rehydrated(config, secret_keys, recorded_provider_config)
         with self.host(config, secret_keys) as host:
             host.delete(self.urn, self.state.id, self.state.outputs, self.state.inputs, self.timeout_s)
         self.state = None

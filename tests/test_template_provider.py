@@ -470,6 +470,44 @@ def test_a_rotated_vcenter_password_keeps_refresh_and_destroy_working(lab_vcsim,
         vs.disconnect(si)
 
 
+def test_a_rotated_password_with_a_cli_that_reuses_the_recorded_provider_config(
+    lab_vcsim, netinst, host_env, installer
+):
+    """A Pulumi CLI from before pulumi/pulumi#18740 configures providers in `refresh` and
+    `destroy` with the inputs recorded at the last `up`, the old password among them. The
+    provider then fails naming the rejected login, and one `up` (which records the new config,
+    and changes nothing) makes refresh and destroy work: what docs/runbook.md tells the user."""
+    sim = lab_vcsim
+    built = installer(sim)
+    run = program(sim, netinst)
+    engine = engine_for(run, host_env)
+    assert up(engine, run).op == "create"
+
+    rotated = sim.rotate_password("rotated-secret-2")
+    try:
+        vs.disconnect(connect(sim))  # the old password
+    except vs.VSphereError:
+        pass
+    else:
+        unavailable("this vcsim lacks build_vcsim.sh's rotatable-password hook; rebuild it with "
+                    "VCSIM_REBUILD=1 bash tests/tools/build_vcsim.sh")
+    after = program(rotated, netinst)
+    with pytest.raises(ProviderError) as stale:
+        engine.refresh(after.config, after.secret_keys, recorded_provider_config=True)
+    assert f"rejected the login for user '{sim.user}'" in stale.value.details
+    assert engine.state is not None, "a failed refresh changes nothing"
+
+    assert up(engine, after).op == "same"  # the `make up` the runbook asks for
+    assert engine.refresh(after.config, after.secret_keys, recorded_provider_config=True).op == "refresh"
+    assert engine.destroy(after.config, after.secret_keys, recorded_provider_config=True).op == "delete"
+    si = connect(rotated)
+    try:
+        assert vms_named(si, "labs-k8s-debian12") == {}
+    finally:
+        vs.disconnect(si)
+    assert len(built.builds) == 1
+
+
 def test_the_login_comes_from_the_environment_when_the_config_has_none(lab_vcsim, netinst, host_env, installer):
     """A CLI older than 3.139 configures dynamic providers without the stack config: the provider
     then reads VSPHERE_* (the engine passes its environment on), or says exactly what is missing."""
