@@ -1,6 +1,6 @@
 """The golden template as a bootable disk image, and clones of it booted in QEMU with vSphere's devices.
 
-Used by tests/test_firstboot_qemu.py and bench/firstboot_qemu.py.
+Used by tests/test_firstboot_qemu.py (its timings: docs/template.md, "First boot, proven in QEMU").
 
 The image. debian-installer cannot run here (the reachable archive lacks most installer udebs, and
 an emulated install without KVM takes well over 30 minutes), so the image is built from what the
@@ -25,8 +25,8 @@ One test-only file is added after the seal, tests/tools/firstboot-guestinfo-init
 the kernel line names it as init (see the transport below).
 
 The image is cached by the content hash of its inputs (package list, preseed, template files, seal
-script, this recipe) under `~/.cache/labs-k8s/firstboot/` (`$LABS_K8S_CACHE`), outside the
-repository: a second run on the same machine only boots. The installed rootfs has a cache key of
+script, this recipe: `RECIPE_FILES`) under `~/.cache/labs-k8s/firstboot/` (`$LABS_K8S_CACHE`),
+outside the repository: a second run on the same machine only boots. The installed rootfs has a cache key of
 its own (suite, mirror, packages), so a change to the seal script re-seals without downloading.
 
 The clones. Each is a copy-on-write qcow2 overlay of the image, booted with TCG (no KVM), with the
@@ -91,6 +91,9 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = CACHE_ROOT / "firstboot"
 INIT_WRAPPER = REPO / "tests" / "tools" / "firstboot-guestinfo-init.sh"
 INIT_IN_IMAGE = "/usr/local/lib/labs-k8s-test/guestinfo-init"
+# The code that makes the image from its inputs: a change to any of them makes a new image.
+# tests/debian_rootfs.py is how the late_command is replayed (where the template files land).
+RECIPE_FILES = (Path(__file__).resolve(), REPO / "tests" / "debian_rootfs.py", INIT_WRAPPER)
 FW_CFG_NAME = "opt/labs-k8s/guestinfo"  # the wrapper reads /sys/firmware/qemu_fw_cfg/by_name/<this>/raw
 
 # What debian-installer installs besides debootstrap's base and the preseed's pkgsel/include:
@@ -180,8 +183,7 @@ def image_key(cfg: LabConfig) -> tuple[str, str]:
         rootfs,
         f"disk-gib={cfg.template.disk_gib}",
         *(part for path in sorted(files) for part in (path, files[path])),
-        Path(__file__).read_bytes(),
-        INIT_WRAPPER.read_bytes(),
+        *(recipe.read_bytes() for recipe in RECIPE_FILES),
     )
     return rootfs, image
 

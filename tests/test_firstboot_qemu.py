@@ -19,6 +19,7 @@ run (tests/test_template_render.py and tests/test_iso.py cover its inputs) and G
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -34,6 +35,7 @@ from components.rendering.node import DATA_DISK_BY_PATH, DATA_DISKS, guestinfo_e
 from tests.firstboot import (
     CACHE_DIR,
     NIC_PCI_ADDRESS,
+    RECIPE_FILES,
     SCSI_PCI_ADDRESS,
     build_image,
     clone_lab,
@@ -405,3 +407,24 @@ def test_guestinfo_environment_names_are_cloud_inits_own(lab_config):
     assert env == {"VMX_GUESTINFO": "1", **{names[key.removeprefix("guestinfo.")]: extra[key] for key in extra}}
     assignments = " ".join(f'"{name}={value}"' for name, value in env.items())
     assert systemd_dropin(env).splitlines()[1:] == ["[Manager]", f"DefaultEnvironment={assignments}"]
+
+
+# tests/ modules tests/firstboot.py uses that need not be in the image key, and why.
+NOT_RECIPE = {
+    # parse_preseed only reads the rendered preseed, whose text is in the key already.
+    "tests.test_template_render": "parses the preseed",
+}
+
+
+def test_the_image_key_covers_every_module_that_builds_the_image():
+    """A cached image is reused only while the code that made it is unchanged: every tests/ module
+    tests/firstboot.py imports (the late_command replay in tests/debian_rootfs.py decides where the
+    template files land) is hashed into the key, or listed above with the reason it need not be."""
+    firstboot = next(path for path in RECIPE_FILES if path.name == "firstboot.py")
+    tree = ast.parse(firstboot.read_text())
+    imported = {node.module for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tests.")}
+    assert "tests.debian_rootfs" in imported
+    hashed = {f"tests.{path.stem}" for path in RECIPE_FILES if path.suffix == ".py"}
+    assert imported - set(NOT_RECIPE) <= hashed, f"not in the image key: {sorted(imported - set(NOT_RECIPE) - hashed)}"
+    assert all(path.is_file() for path in RECIPE_FILES)
