@@ -241,6 +241,11 @@ def test_in_place_changes_rebuild_and_reboot_nothing(case_plans, title_part):
     settings = {e.name for e in plan.effects if e.name.endswith("-node-settings")}
     assert len(settings) == 7
     assert not [e for e in plan.effects if e.type == changes.ANTI_AFFINITY_RULE]
+    # Nothing else re-runs: the kubeadm steps carry no NTP or DNS, and the template only records the
+    # new install media for its next build (the build environment is not what the template is).
+    template = plan.effect("golden-template")
+    assert template is None or template.action == "update"
+    assert {e.name for e in plan.effects if e.type == COMMAND and e.action == "replace"} == settings
 
 
 def test_a_key_rotation_hands_the_new_key_to_the_steps_whose_delete_runs_later(case_plans):

@@ -505,7 +505,6 @@ def sourced(params: str) -> dict[str, str]:
 def test_params_are_valid_bash_with_the_configured_values() -> None:
     cfg = make_lab_config(
         mirrors={"aptProxy": "http://apt.labs.local:3142", "registryMirror": "http://registry.labs.local:5000"},
-        network={"ntpServers": ["ntp1.labs.local", "ntp2.labs.local"]},
     )
     worker = sourced(k8s.prepare_files(cfg, cfg.workers[0])[k8s.PARAMS_FILE])
     assert worker["NODE_NAME"] == "labs-k8s-w01"
@@ -514,7 +513,7 @@ def test_params_are_valid_bash_with_the_configured_values() -> None:
     assert worker["K8S_MINOR_VERSION"] == "1.36"
     assert worker["CONTAINERD_MIN_VERSION"] == "2.0"
     assert worker["CONTAINERD_VERSION"] == "2.2.1"
-    assert worker["NTP_SERVERS"] == "ntp1.labs.local ntp2.labs.local"
+    assert "NTP_SERVERS" not in worker  # the node-settings step's, not this step's
     assert worker["APT_PROXY"] == "http://apt.labs.local:3142"
     assert worker["REGISTRY_MIRROR"] == "http://registry.labs.local:5000"
     assert (worker["DATA_DISK_GIB"], worker["DATA_DISK_MOUNT"], worker["DATA_DISK_UNIT"]) == (

@@ -85,6 +85,8 @@ def _plant_build_leftovers(root: Path) -> None:
     (root / "var/log/journal/0123456789abcdef0123456789abcdef").mkdir(parents=True, exist_ok=True)
     (root / "var/log/journal/0123456789abcdef0123456789abcdef/system.journal").write_bytes(b"LPKSHHRH")
     (root / "var/cache/apt/pkgcache.bin").write_bytes(b"cache")
+    # What the installer's apt-setup writes for `mirror/http/proxy` (the build's apt proxy).
+    (root / "etc/apt/apt.conf").write_text('Acquire::http::Proxy "http://apt-cache.build.invalid:3142/";\n')
     (root / "root/.bash_history").write_text("sudo cat /etc/shadow\n")
     (root / "home/labs").mkdir(parents=True, exist_ok=True)
     (root / "home/labs/.bash_history").write_text("ls\n")
@@ -126,6 +128,7 @@ def _observe(root: Path) -> dict[str, Any]:
         "cloud_logs": [p for p in ("var/log/cloud-init.log", "var/log/cloud-init-output.log") if (root / p).exists()],
         "interfaces": text("etc/network/interfaces"),
         "leases": listing("var/lib/dhcp"),
+        "apt_conf": text("etc/apt/apt.conf"),
         "apt_debs": sorted(p.name for p in (root / "var/cache/apt").rglob("*.deb")),
         "apt_bins": sorted(p.name for p in (root / "var/cache/apt").rglob("*.bin")),
         "apt_lists": sorted(p.name for p in (root / "var/lib/apt/lists").rglob("*") if p.is_file()),
@@ -230,8 +233,8 @@ def test_late_command_runs_in_the_target(sealed: dict[str, Any]) -> None:
     assert sudoers.stat().st_mode & 0o777 == 0o440
     assert sudoers.read_text() == sealed["files"]["labs-k8s/sudoers"]
     assert (root / "etc/ssh/sshd_config.d/labs-k8s.conf").read_text() == sealed["files"]["labs-k8s/sshd.conf"]
-    timesyncd = root / "etc/systemd/timesyncd.conf.d/labs-k8s.conf"
-    assert timesyncd.read_text() == sealed["files"]["labs-k8s/timesyncd.conf"]
+    # No NTP servers baked in: clones get network.ntpServers from cloud-init and node-settings.
+    assert not (root / "etc/systemd/timesyncd.conf.d/labs-k8s.conf").exists()
     # The bundle stays in the template, so it can be re-sealed by hand.
     assert (root / BUNDLE_IN_TARGET / "seal-template.sh").read_text() == sealed["files"]["labs-k8s/seal-template.sh"]
 
@@ -294,6 +297,8 @@ def test_build_network_config_is_dropped(sealed: dict[str, Any]) -> None:
     assert "source /etc/network/interfaces.d/*" in state["interfaces"]
     assert "iface lo inet loopback" in state["interfaces"]
     assert state["leases"] == []
+    # The build's apt proxy is the build environment's: it must not outlive mirrors.aptProxy.
+    assert sealed["before"]["apt_conf"] and state["apt_conf"] is None
 
 
 def test_apt_caches_history_and_logs_are_empty(sealed: dict[str, Any]) -> None:

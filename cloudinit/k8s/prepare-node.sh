@@ -5,7 +5,7 @@
 # the configured patch release. Guarded throughout: a second run changes nothing.
 #
 # Parameters (params.env, rendered by components/rendering/k8s.py): NODE_NAME, NODE_ROLE,
-# K8S_VERSION, K8S_MINOR_VERSION, CONTAINERD_MIN_VERSION, CONTAINERD_VERSION, NTP_SERVERS (array), APT_PROXY,
+# K8S_VERSION, K8S_MINOR_VERSION, CONTAINERD_MIN_VERSION, CONTAINERD_VERSION, APT_PROXY,
 # REGISTRY_MIRROR, DATA_DISK_GIB, DATA_DISK_MOUNT, DATA_DISK_LABEL, DATA_DISK_UNIT.
 # stdout: "prepared <node name>".
 set -Eeuo pipefail
@@ -16,7 +16,6 @@ require_root
 load_params "$HERE"
 : "${NODE_NAME:?}" "${NODE_ROLE:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${CONTAINERD_MIN_VERSION:?}" "${CONTAINERD_VERSION:?}"
 : "${APT_PROXY?}" "${REGISTRY_MIRROR?}" "${DATA_DISK_GIB:?}" "${DATA_DISK_MOUNT?}" "${DATA_DISK_LABEL?}" "${DATA_DISK_UNIT?}"
-((${#NTP_SERVERS[@]} > 0)) || die "NTP_SERVERS is empty"
 
 CONTAINERD_SOCKET=unix:///run/containerd/containerd.sock
 # Repository signing keys, checked by fingerprint before apt trusts them: Docker's release key
@@ -96,18 +95,12 @@ remove_ufw() {
 }
 
 # ------------------------------------------------------------------ time: etcd and TLS need it
+# Which servers is the node-settings step's (and cloud-init's at first boot): a new
+# network.ntpServers re-runs that step alone, not this one and the kubeadm steps after it.
 configure_time() {
     if ! pkg_installed systemd-timesyncd; then
         apt_update
         "${APT_INSTALL[@]}" systemd-timesyncd
-    fi
-    write_file "$ROOT/etc/systemd/timesyncd.conf.d/labs-k8s.conf" 0644 <<EOF
-# labs-k8s: the lab's NTP servers (labs-k8s:network.ntpServers)
-[Time]
-NTP=${NTP_SERVERS[*]}
-EOF
-    if ((WROTE)); then
-        systemctl restart systemd-timesyncd
     fi
     timedatectl set-ntp true
 }

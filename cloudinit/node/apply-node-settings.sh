@@ -89,9 +89,10 @@ apply_ntp() {
     servers=$(tr -s ' \n' ' ' <"$here/ntp-servers" | sed -e 's/^ //' -e 's/ $//')
     [[ -n $servers ]] || die "no NTP server (network.ntpServers)"
     install -d -m 0755 "$TIMESYNCD_DIR"
-    # cloud-init's drop-in (cc_ntp) and labs-k8s.conf (the template's; the Kubernetes layer's
-    # prepare step writes it too): timesyncd adds up every NTP= line, so both must name the new
-    # servers or the old ones stay in use. A file that already names them is left as it is.
+    # cloud-init's drop-in (cc_ntp) and labs-k8s.conf (which templates and prepare steps of earlier
+    # versions wrote; this step is now the only writer on a running node): timesyncd adds up every
+    # NTP= line, so both must name the new servers or the old ones stay in use. A file that already
+    # names them is left as it is.
     for file in "$TIMESYNCD_DIR/cloud-init.conf" "$TIMESYNCD_DIR/labs-k8s.conf"; do
         [[ $(ntp_of "$file" || true) == "$servers" ]] && continue
         printf '# labs-k8s: the lab'"'"'s NTP servers (labs-k8s:network.ntpServers)\n[Time]\nNTP=%s\n' "$servers" |

@@ -115,6 +115,14 @@ fi
 if [[ -d $R/var/lib/apt/lists ]]; then
     find "$R/var/lib/apt/lists" -type f ! -name lock -delete
 fi
+# The installer writes the build's apt proxy (mirror/http/proxy) into /etc/apt/apt.conf. It is
+# part of the build environment, not of the template: clones get mirrors.aptProxy from cloud-init
+# (90cloud-init-aptproxy) and the node-settings step, and a baked-in proxy would outlive its
+# removal from the config.
+if [[ -f $R/etc/apt/apt.conf ]]; then
+    sed -i '/^[[:space:]]*Acquire::[a-z]*::Proxy[[:space:]]/d' "$R/etc/apt/apt.conf"
+    grep -q '[^[:space:]]' "$R/etc/apt/apt.conf" || rm -f "$R/etc/apt/apt.conf"
+fi
 
 # --- shell history, temporary files and logs of the build (/tmp is emptied at every boot anyway).
 for home in "$R/root" "$R"/home/*; do

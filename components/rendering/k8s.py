@@ -310,7 +310,6 @@ def prepare_files(cfg: LabConfig, node: Node) -> dict[str, str]:
             "K8S_MINOR_VERSION": cfg.kubernetes.minor_version,
             "CONTAINERD_MIN_VERSION": containerd_min_version(cfg),
             "CONTAINERD_VERSION": cfg.kubernetes.containerd_version,
-            "NTP_SERVERS": list(cfg.network.ntp_servers),
             "APT_PROXY": cfg.mirrors.apt_proxy or "",
             "REGISTRY_MIRROR": cfg.mirrors.registry_mirror or "",
             "DATA_DISK_GIB": disk_gib,

@@ -7,11 +7,16 @@ The template is a Debian 12 netinst ISO remastered with:
 - `/labs-k8s/`: the seal script and the files the installer puts into the target.
 
 The template's name carries a hash of all of this plus the source ISO's checksum, so a change
-to any of the template's own inputs makes a new template, and a change to nodes does not.
+to any of the template's own inputs makes a new template, and a change to nodes does not. How the
+installer reaches the network during the build (name servers, NTP server, apt proxy, a static
+build address) is left out of that hash: none of it stays in the sealed template (clones get
+theirs from cloud-init and the node-settings step), so changing it records the new media for the
+next build instead of rebuilding the template (template_version).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from components.config import LabConfig
@@ -92,10 +97,6 @@ def late_commands(cfg: LabConfig) -> list[str]:
         "in-target visudo -cf /etc/sudoers.d/labs-k8s",
         f"in-target install -D -m 0644 {_bundle_path('sshd.conf')} /etc/ssh/sshd_config.d/labs-k8s.conf",
     ]
-    if cfg.network.ntp_servers:
-        commands.append(
-            f"in-target install -D -m 0644 {_bundle_path('timesyncd.conf')} /etc/systemd/timesyncd.conf.d/labs-k8s.conf"
-        )
     commands.append(f"in-target bash {_bundle_path(SEAL_SCRIPT)} /")
     return commands
 
@@ -179,10 +180,6 @@ def render_bundle(cfg: LabConfig) -> dict[str, str]:
         files[f"{BUNDLE_ISO_DIR}/{snippet}"] = read_file(f"template/{snippet}")
     files[f"{BUNDLE_ISO_DIR}/sshd.conf"] = read_file("template/sshd.conf")
     files[f"{BUNDLE_ISO_DIR}/sudoers"] = render_template("template/sudoers.j2", ssh_user=cfg.ssh.user)
-    if cfg.network.ntp_servers:
-        files[f"{BUNDLE_ISO_DIR}/timesyncd.conf"] = render_template(
-            "template/timesyncd.conf.j2", ntp_servers=cfg.network.ntp_servers
-        )
     return files
 
 
@@ -199,13 +196,38 @@ def template_files(cfg: LabConfig) -> dict[str, str]:
     return {path.lstrip("/"): text for path, text in iso_files(cfg).items()}
 
 
-def template_version(cfg: LabConfig) -> str:
-    """Content hash of the template's own inputs: the source ISO, everything put on it, and the
-    OS disk size (clones never grow their OS disk beyond the template's). Nodes do not enter it."""
+# How the installer reaches the network while it builds; nothing of it stays in the sealed
+# template (seal-template.sh drops the installer's apt proxy; 55netcfg-copy-config is removed).
+_BUILD_ENVIRONMENT_PLACEHOLDERS = {
+    "dns_servers": [ipaddress.IPv4Address("192.0.2.53")],  # TEST-NET-1 (RFC 5737): never a real server
+    "ntp_servers": ["ntp.build.invalid"],
+}
+
+
+def _without_build_environment(cfg: LabConfig) -> LabConfig:
+    """`cfg` with the build-time network settings replaced by fixed placeholders (for hashing only)."""
+    return cfg.model_copy(
+        update={
+            "network": cfg.network.model_copy(update=_BUILD_ENVIRONMENT_PLACEHOLDERS),
+            "template": cfg.template.model_copy(update={"build_ip": None}),
+            "mirrors": cfg.mirrors.model_copy(update={"apt_proxy": None}),
+        }
+    )
+
+
+def _media_hash(cfg: LabConfig) -> str:
     parts = [f"iso-sha256={cfg.template.iso_sha256}", f"disk-gib={cfg.template.disk_gib}"]
     for path, text in iso_files(cfg).items():
         parts += [path, text]
     return content_hash(*parts)
+
+
+def template_version(cfg: LabConfig) -> str:
+    """Content hash of what the template is: the source ISO, everything put on it, and the OS disk
+    size (clones never grow their OS disk beyond the template's). Nodes do not enter it, and
+    neither does the build environment (name servers, NTP, apt proxy, build address): a new DNS
+    server must not cost a 30-minute rebuild of a template that keeps nothing of it."""
+    return _media_hash(_without_build_environment(cfg))
 
 
 def template_identity(cfg: LabConfig, stack: str) -> str:
@@ -233,9 +255,10 @@ def template_vm_name(cfg: LabConfig, stack: str) -> str:
 
 
 def remastered_iso_name(cfg: LabConfig) -> str:
-    """File name of the remastered ISO in the local cache: by content only, so a placement change
-    (a new template, same media) reuses it. On the datastore it is stored per stack and template."""
-    return f"{cfg.template.name}-{template_version(cfg)}.iso"
+    """File name of the remastered ISO in the local cache: by the media's exact content (build
+    environment included), so a placement change (a new template, same media) reuses it and new
+    media never do. On the datastore it is stored per stack and template."""
+    return f"{cfg.template.name}-{_media_hash(cfg)}.iso"
 
 
 __all__ = [
