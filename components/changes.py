@@ -628,6 +628,10 @@ CHANGE_CASES: tuple[ChangeCase, ...] = (
     ChangeCase("`ssh.extraPublicKeys` (the first `up` of a key rotation)", _trust_next_key),
     ChangeCase("`ssh.publicKey` + `sshPrivateKey` (the second `up` of a key rotation)", _swap_to_next_key,
                {"labs-k8s:sshPrivateKey": _ROTATED_PRIVATE_KEY}),
+    # The login is read at each call and is in no resource's inputs; the runbook's "Rotating the
+    # vCenter password" says why one `up` still matters (refresh/destroy, pulumi/pulumi#18740).
+    ChangeCase("`vsphere:password` (a vCenter password rotation)", lambda ns: None,
+               {"vsphere:password": "a-rotated-vcenter-password"}),
     ChangeCase("`network.ntpServers`", _set("network", ntpServers=["ntp1.labs.local"])),
     ChangeCase("`network.dnsServers`", _set("network", dnsServers=["10.3.60.2"])),
     ChangeCase("`loadBalancer.advertIntSeconds` (a balancer setting)", _set("loadBalancer", advertIntSeconds=2)),
