@@ -127,6 +127,33 @@ def test_tests_run_first_on_a_hosted_runner(workflow: dict[str, Any]) -> None:
     assert checkout < make_test and python < make_test
 
 
+def test_the_test_job_keeps_what_the_suite_builds_for_itself(workflow: dict[str, Any]) -> None:
+    """A hosted runner starts empty: the first-boot image, the Debian rootfs and vcsim are cached
+    where the suite looks for them, under a key that changes with every file their build reads."""
+    import fnmatch
+
+    from components.template import CACHE_ROOT
+    from tests import firstboot, test_seal_rootfs
+
+    steps = workflow["jobs"]["test"]["steps"]
+    cache = step_index(steps, lambda s: str(s.get("uses", "")).startswith("actions/cache@"))
+    assert cache < step_index(steps, lambda s: s.get("run", "").strip() == "make test")
+    options = steps[cache]["with"]
+    paths = set(options["path"].split())
+    home = Path.home()
+    assert "~/" + str(CACHE_ROOT.relative_to(home)) in paths  # $LABS_K8S_CACHE unset, as in the job
+    assert str(test_seal_rootfs.CACHE_DIR.relative_to(REPO)) in paths
+    assert ".cache/vcsim" in paths and 'CACHE_DIR="$REPO/.cache/vcsim"' in (
+        REPO / "tests" / "tools" / "build_vcsim.sh").read_text()
+    patterns = re.findall(r"'([^']+)'", re.search(r"hashFiles\((.*?)\)", options["key"]).group(1))
+    inputs = [*firstboot.RECIPE_FILES, REPO / "tests" / "tools" / "build_vcsim.sh",
+              *(REPO / "cloudinit" / "template").iterdir(), REPO / "components" / "rendering" / "template.py"]
+    for path in inputs:
+        relative = str(path.relative_to(REPO))
+        assert any(fnmatch.fnmatch(relative, pattern.replace("**", "*")) for pattern in patterns), relative
+    assert options["restore-keys"] == options["key"].split("${{")[0]
+
+
 def test_preview_runs_after_the_tests_on_the_vsphere_runner(workflow: dict[str, Any]) -> None:
     preview = workflow["jobs"]["preview"]
     assert preview["needs"] == "test"
