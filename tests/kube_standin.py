@@ -13,12 +13,18 @@ script can be killed half-way and its guard judged on what kubeadm really leaves
   show-join-command. It does not roll back: dying after `kubeconfig` leaves pki/ and every
   *.conf (admin.conf included) and nothing else.
 - `kubeadm join` follows cmd/kubeadm/app/cmd/join.go (newCmdJoin): preflight,
-  control-plane-prepare (download-certs, certs, kubeconfig, control-plane), check-etcd,
-  kubelet-start (writes kubelet.conf: phases/join/kubelet.go), etcd-join (adds the member as a
-  learner, writes the etcd manifest, promotes it: phases/join/controlplanejoin.go,
+  control-plane-prepare (download-certs, certs, kubeconfig: admin.conf, controller-manager.conf and
+  scheduler.conf, never kubelet.conf; control-plane), check-etcd, kubelet-start, etcd-join (adds the
+  member as a learner, writes the etcd manifest, promotes it: phases/join/controlplanejoin.go,
   util/etcd/etcd.go addMember/MemberPromote), kubelet-wait-bootstrap, control-plane-join
   (mark-control-plane), wait-control-plane. addMember skips the add when a member with the same
-  peer URL exists (util/etcd/etcd.go: "Skipping etcd member addition").
+  peer URL exists (util/etcd/etcd.go: "Skipping etcd member addition"). kubelet-start refuses a
+  name whose Node is Ready (phases/join/kubelet.go). Kubernetes 1.35+ always runs
+  ControlPlaneKubeletLocalMode (GA and locked, kubernetes/kubernetes#134106): a control plane's
+  kubelet bootstraps against its own API server, so its kubelet.conf and its Node appear only in
+  kubelet-wait-bootstrap, after etcd-join; a worker's kubelet-start still waits for both.
+  `kubeadm join phase kubelet-wait-bootstrap` and `join phase control-plane-join
+  mark-control-plane` run one phase each (discovery first: the phases read InitCfg()).
 - `kubeadm init phase upload-certs` stores the kubeadm-certs Secret owned by a bootstrap token
   with a 2 h TTL (constants.DefaultCertTokenDuration, phases/copycerts/copycerts.go
   createShortLivedBootstrapToken): when the token expires the token cleaner deletes it and the
@@ -574,7 +580,57 @@ class Kubeadm:
         self.init_phase(name, self.config())
 
     # -------------------------------------------------------------- join
+    def discover(self, discovery: dict[str, Any]) -> Path:
+        """Token discovery (discovery/token/token.go): cluster-info through the endpoint, the token
+        valid, the CA matching the pinned hash. Returns the CA certificate."""
+        endpoint = discovery["apiServerEndpoint"].split(":")[0]
+        if not self.c.api_answers(endpoint, self.host):
+            raise Fail(
+                f"error execution phase preflight: couldn't validate the identity of the API Server: "
+                f'Get "https://{discovery["apiServerEndpoint"]}/api/v1/namespaces/kube-public/configmaps/'
+                'cluster-info": dial tcp: connect: connection refused'
+            )
+        token_id = discovery["token"].split(".")[0]
+        token = self.c.get(f"secret/kube-system/bootstrap-token-{token_id}")
+        if token is None or token.get("secret") != discovery["token"]:
+            raise Fail(
+                "error execution phase preflight: couldn't validate the identity of the API Server: "
+                f'token id "{token_id}" is invalid for this cluster or it has expired. Use "kubeadm token '
+                'create" on the control-plane node to create a new valid token'
+            )
+        crt, _ = ensure_ca(self.c)
+        if ca_hash(crt) not in discovery.get("caCertHashes", []):
+            raise Fail(
+                "error execution phase preflight: couldn't validate the identity of the API Server: "
+                "cluster CA found in cluster-info ConfigMap is invalid: none of the public keys match the pins"
+            )
+        return crt
+
+    def local_endpoint(self) -> str:
+        return f"https://{self.c.host(self.host)['ip']}:6443"
+
+    def wait_bootstrap(self, control_plane: bool, server: str) -> None:
+        """The kubelet's TLS bootstrap (phases/join/kubelet.go runKubeletWaitBootstrapPhase): it
+        turns bootstrap-kubelet.conf into kubelet.conf and registers its Node. A control plane's
+        kubelet bootstraps against its own API server, which serves only once its etcd member runs."""
+        if control_plane and not self.c.apiserver_running(self.host):
+            raise Fail(
+                "error execution phase kubelet-wait-bootstrap: error waiting for the kubelet to perform the "
+                "TLS Bootstrap: context deadline exceeded"
+            )
+        write(
+            self.root,
+            "/etc/kubernetes/kubelet.conf",
+            f"clusters:\n- cluster:\n    server: {server}\n"
+            "# client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n",
+        )
+        (self.root / "etc/kubernetes/bootstrap-kubelet.conf").unlink(missing_ok=True)
+        self.register_node()
+
     def join(self) -> None:
+        if self.args[1:2] == ["phase"]:
+            self.join_phase()
+            return
         cfg = self.config()["JoinConfiguration"]
         control_plane = "controlPlane" in cfg
         discovery = cfg["discovery"]["bootstrapToken"]
@@ -598,28 +654,7 @@ class Kubeadm:
             raise Fail(
                 "error execution phase preflight: [preflight] Some fatal errors occurred:\n" + "\n".join(problems)
             )
-        # discovery: the token must be valid, the CA must match the pinned hash.
-        endpoint = discovery["apiServerEndpoint"].split(":")[0]
-        if not self.c.api_answers(endpoint, self.host):
-            raise Fail(
-                f"error execution phase preflight: couldn't validate the identity of the API Server: "
-                f'Get "https://{discovery["apiServerEndpoint"]}/api/v1/namespaces/kube-public/configmaps/'
-                'cluster-info": dial tcp: connect: connection refused'
-            )
-        token_id = discovery["token"].split(".")[0]
-        token = self.c.get(f"secret/kube-system/bootstrap-token-{token_id}")
-        if token is None or token.get("secret") != discovery["token"]:
-            raise Fail(
-                "error execution phase preflight: couldn't validate the identity of the API Server: "
-                f'token id "{token_id}" is invalid for this cluster or it has expired. Use "kubeadm token '
-                'create" on the control-plane node to create a new valid token'
-            )
-        crt, _ = ensure_ca(self.c)
-        if ca_hash(crt) not in discovery.get("caCertHashes", []):
-            raise Fail(
-                "error execution phase preflight: couldn't validate the identity of the API Server: "
-                "cluster CA found in cluster-info ConfigMap is invalid: none of the public keys match the pins"
-            )
+        crt = self.discover(discovery)
         self.die_after("join", "preflight")
         if control_plane:
             certs = self.c.get("secret/kube-system/kubeadm-certs")
@@ -634,29 +669,38 @@ class Kubeadm:
                     "error decoding certificate key: cipher: message authentication failed"
                 )
             self.init_phase("certs", {})
-            self.init_phase(
-                "kubeconfig", {"ClusterConfiguration": {"controlPlaneEndpoint": discovery["apiServerEndpoint"]}}
-            )
-            (self.root / "etc/kubernetes/super-admin.conf").unlink(missing_ok=True)  # init only
+            # control-plane-prepare/kubeconfig writes admin.conf, controller-manager.conf and
+            # scheduler.conf, never kubelet.conf: that one is the kubelet's TLS bootstrap's
+            # (phases/kubeconfig/kubeconfig.go CreateJoinControlPlaneKubeConfigFiles).
+            endpoint = "https://" + discovery["apiServerEndpoint"]
+            write(self.root, "/etc/kubernetes/admin.conf", kubeconfig_text(self.c, endpoint, "kubernetes-admin"))
+            for conf in ("controller-manager.conf", "scheduler.conf"):
+                write(self.root, f"/etc/kubernetes/{conf}", f"clusters:\n- cluster:\n    server: {endpoint}\n")
             for manifest in CONTROL_PLANE_MANIFESTS:
                 write(self.root, f"/etc/kubernetes/manifests/{manifest}", f"kind: Pod # {manifest}\n")
         self.die_after("join", "control-plane-prepare")
         if control_plane and not self.c.etcd_quorum():
             raise Fail("error execution phase check-etcd: etcd cluster is not healthy")
         self.die_after("join", "check-etcd")
-        # kubelet-start: TLS bootstrap writes kubelet.conf; the kubelet registers the Node.
-        write(self.root, "/etc/kubernetes/bootstrap-kubelet.conf", "bootstrap\n")
-        self.kubelet_start()
-        write(
-            self.root,
-            "/etc/kubernetes/kubelet.conf",
-            f"clusters:\n- cluster:\n    server: https://{discovery['apiServerEndpoint']}\n"
-            "# client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n",
-        )
-        (self.root / "etc/kubernetes/bootstrap-kubelet.conf").unlink()
+        # kubelet-start (phases/join/kubelet.go runKubeletStartJoinPhase): it refuses to go on while
+        # a Ready Node has this name, writes bootstrap-kubelet.conf and the kubelet's config, starts
+        # the kubelet. ControlPlaneKubeletLocalMode (beta and on in 1.33, GA and locked on in 1.35,
+        # kubernetes/kubernetes#134106): a control plane's bootstrap-kubelet.conf points at its own
+        # API server, and kubelet-start does not wait for the TLS bootstrap there: that API server
+        # cannot serve before this node's etcd member runs, so kubelet-wait-bootstrap, after
+        # etcd-join, waits. A worker's kubelet-start still waits for it (kubelet.conf, its Node).
+        if self.host in self.c.s["nodes"] and node_ready(self.c, self.host):
+            raise Fail(
+                f'error execution phase kubelet-start: a Node with name "{self.host}" and status "Ready" already '
+                "exists in the cluster. You must delete the existing Node or change the name of this new joining Node"
+            )
         if not (self.root / "etc/kubernetes/pki/ca.crt").exists():
             write(self.root, "/etc/kubernetes/pki/ca.crt", crt.read_text(), 0o644)
-        self.register_node()
+        server = self.local_endpoint() if control_plane else "https://" + discovery["apiServerEndpoint"]
+        write(self.root, "/etc/kubernetes/bootstrap-kubelet.conf", f"clusters:\n- cluster:\n    server: {server}\n")
+        self.kubelet_start()
+        if not control_plane:
+            self.wait_bootstrap(control_plane, server)
         self.die_after("join", "kubelet-start")
         if control_plane:
             member = self.c.member_of(self.host)
@@ -673,7 +717,6 @@ class Kubeadm:
                 member["name"] = self.host  # etcd started: the member publishes its name
             # "etcd-join/learner": died waiting to promote the started learner (util/etcd MemberPromote).
             self.die_after("join", "etcd-join/learner")
-            self.die_after("join", "etcd-join")
             member = self.c.member_of(self.host)
             if member is None or member.get("data") != self.c.data_id(self.host):
                 raise Fail(
@@ -681,13 +724,48 @@ class Kubeadm:
                     "timeout waiting for etcd cluster to be available"
                 )
             member.update(learner=False, name=self.host)  # MemberPromote
+        self.die_after("join", "etcd-join")
+        if control_plane:
+            self.wait_bootstrap(control_plane, server)
         self.die_after("join", "kubelet-wait-bootstrap")
         if control_plane:
-            self.init_phase("mark-control-plane", {})
+            self.mark_control_plane()
             self.die_after("join", "control-plane-join")
             if not self.c.apiserver_running(self.host):
                 raise Fail("error execution phase wait-control-plane: the control plane did not come up")
         self.die_after("join", "wait-control-plane")
+
+    def mark_control_plane(self) -> None:
+        """phases/markcontrolplane: label and taint the Node, which must be registered (PatchNode
+        waits for it, then gives up)."""
+        if self.host not in self.c.s["nodes"]:
+            raise Fail(
+                "error execution phase control-plane-join/mark-control-plane: error applying control-plane label "
+                f'and taints: timed out waiting for the condition (nodes "{self.host}" not found)'
+            )
+        self.init_phase("mark-control-plane", {})
+
+    def join_phase(self) -> None:
+        """`kubeadm join phase <phase> --config`: the phases a join that stopped after etcd-join
+        still owes. Their data comes from the JoinConfiguration, discovery included (InitCfg)."""
+        name = self.args[2:4]
+        cfg = self.config()["JoinConfiguration"]
+        control_plane = "controlPlane" in cfg
+        if name[:1] == ["kubelet-wait-bootstrap"]:
+            self.discover(cfg["discovery"]["bootstrapToken"])
+            if not self.c.has(self.host, "/etc/kubernetes/kubelet.conf"):
+                discovery = cfg["discovery"]["bootstrapToken"]
+                server = self.local_endpoint() if control_plane else "https://" + discovery["apiServerEndpoint"]
+                if not self.c.has(self.host, "/etc/kubernetes/bootstrap-kubelet.conf"):
+                    raise Fail("error execution phase kubelet-wait-bootstrap: no bootstrap-kubelet.conf to use")
+                self.wait_bootstrap(control_plane, server)
+        elif name == ["control-plane-join", "mark-control-plane"]:
+            self.discover(cfg["discovery"]["bootstrapToken"])
+            if not self.c.has(self.host, "/etc/kubernetes/admin.conf"):
+                raise Fail("couldn't create Kubernetes client: /etc/kubernetes/admin.conf: no such file or directory")
+            self.mark_control_plane()
+        else:
+            raise Fail(f"unmodelled: kubeadm join phase {' '.join(name)}")
 
     # -------------------------------------------------------------- reset
     def reset(self) -> None:

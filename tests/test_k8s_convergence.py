@@ -283,9 +283,13 @@ def test_a_half_finished_control_plane_join_is_reset_and_joined_again(lab: Scena
     first = failed(lab.refresh_and_join("labs-k8s-m02"))
     assert "The next 'pulumi up' refreshes the join material, resets this node" in first.stderr
     if died_after == "kubelet-start":
-        # kubelet.conf exists (the old guard's "joined"), but no etcd member and no etcd manifest.
-        assert (m02.root / "etc/kubernetes/kubelet.conf").exists()
+        # admin.conf, the control-plane manifests and bootstrap-kubelet.conf exist; no etcd member,
+        # no etcd manifest, and (ControlPlaneKubeletLocalMode) no kubelet.conf and no Node yet.
+        assert (m02.root / "etc/kubernetes/admin.conf").exists()
+        assert (m02.root / "etc/kubernetes/bootstrap-kubelet.conf").exists()
+        assert not (m02.root / "etc/kubernetes/kubelet.conf").exists()
         assert not (m02.root / "etc/kubernetes/manifests/etcd.yaml").exists()
+        assert "labs-k8s-m02" not in lab.node_objects()
         assert lab.voting_members() == ["labs-k8s-m01"]
     if died_after == "etcd-join/learner":
         assert [m for m in lab.lab.members() if m["learner"]], "a learner member is left behind"
@@ -305,6 +309,48 @@ def test_a_half_finished_control_plane_join_is_reset_and_joined_again(lab: Scena
     m02.reset_log()
     assert ok(lab.refresh_and_join("labs-k8s-m02")).stdout == "already-joined\n"
     assert kubeadm_calls(m02) == []
+
+
+# A control-plane join that died after its etcd member was promoted: the member votes, but the
+# kubelet's TLS bootstrap (kubelet-wait-bootstrap) or the control-plane label and taint
+# (control-plane-join) are missing. The next run finishes those phases; a reset would take a
+# healthy, voting member out of etcd.
+FINISH_JOIN_AFTER = {
+    "etcd-join": [["join", "phase", "kubelet-wait-bootstrap", "--config"],
+                  ["join", "phase", "control-plane-join", "mark-control-plane", "--config"]],
+    "kubelet-wait-bootstrap": [["join", "phase", "control-plane-join", "mark-control-plane", "--config"]],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("died_after", list(FINISH_JOIN_AFTER))
+def test_a_control_plane_join_that_died_after_etcd_join_is_finished_not_reset(lab: Scenario, died_after: str) -> None:
+    ok(lab.init())
+    ok(lab.refresh_and_join("labs-k8s-m01"))
+    ok(lab.flannel())
+    m02 = lab.h("labs-k8s-m02")
+    lab.lab.die_after("labs-k8s-m02", "join", died_after)
+    failed(lab.refresh_and_join("labs-k8s-m02"))
+    assert lab.voting_members() == ["labs-k8s-m01", "labs-k8s-m02"], "its member was promoted"
+    node = lab.lab.state()["nodes"].get("labs-k8s-m02")
+    assert node is None or "node-role.kubernetes.io/control-plane" not in node["labels"], "not marked yet"
+
+    # A retry hours later: the token and the certificates expired; the refresh renews them.
+    lab.lab.advance(hours=25)
+    m02.reset_log()
+    second = ok(lab.refresh_and_join("labs-k8s-m02"))
+    assert second.stdout == "joined\n"
+    assert kubeadm_calls(m02) == FINISH_JOIN_AFTER[died_after], "no reset, no second kubeadm join"
+    assert lab.lab.cluster_node().calls_matching("kubectl", "member", "remove") == []
+    assert lab.voting_members() == ["labs-k8s-m01", "labs-k8s-m02"]
+    assert "node-role.kubernetes.io/control-plane" in lab.lab.state()["nodes"]["labs-k8s-m02"]["labels"]
+    assert (m02.root / "etc/kubernetes/kubelet.conf").exists()
+    assert not (m02.root / "etc/kubernetes/bootstrap-kubelet.conf").exists()
+    no_secrets(second.stdout, second.stderr, *(p.read_text() for p in m02.step.glob("*.log")))
+
+    m02.reset_log()
+    assert ok(lab.refresh_and_join("labs-k8s-m02")).stdout == "already-joined\n"
+    assert kubeadm_calls(m02) == []
+    assert ok(lab.refresh_and_join("labs-k8s-m03")).stdout == "joined\n"
 
 
 def test_a_worker_whose_node_never_registered_is_reset_and_joined_again(lab: Scenario) -> None:

@@ -265,15 +265,28 @@ cluster_members() {
     etcdctl_in_pod "$pod" member list
 }
 
-# JOIN_STATE after joined_state ROLE: joined | partial | none | unknown:<why>.
-# A control plane is joined when it has admin.conf, the etcd static pod manifest, and is a
-# started, voting etcd member under its own name. A worker is joined when it has kubelet.conf and
-# the API knows its Node. kubeadm join writes kubelet.conf (kubelet-start) before etcd-join,
-# control-plane-join and wait-control-plane (cmd/kubeadm/app/cmd/join.go), so kubelet.conf alone
-# proves nothing.
+# node_marked_control_plane: 0 when the API has this node's Node labelled control-plane, 1 when
+# the Node is missing or unlabelled, 2 when the API cannot be asked (through admin.conf).
+node_marked_control_plane() {
+    local out
+    out=$(kc get node "$NODE_NAME" --ignore-not-found -o json) || return 2
+    [[ -n $out ]] || return 1
+    jq -e '.metadata.labels // {} | has("node-role.kubernetes.io/control-plane")' >/dev/null <<<"$out"
+}
+
+# JOIN_STATE after joined_state ROLE: joined | unfinished | partial | none | unknown:<why>.
+# A control plane is joined when it has admin.conf, the etcd static pod manifest, is a started,
+# voting etcd member under its own name, and its Node is registered with the control-plane label.
+# A voting member without that Node is `unfinished`: its join stopped after etcd-join, before
+# kubelet-wait-bootstrap (since Kubernetes 1.35 a control plane's kubelet bootstraps against its
+# own API server, ControlPlaneKubeletLocalMode, so its kubelet.conf and Node come after etcd-join)
+# or control-plane-join (the label and taint). A worker is joined when it has kubelet.conf and the
+# API knows its Node. kubeadm join writes admin.conf and the control-plane manifests
+# (control-plane-prepare) and kubelet.conf before the join is done (cmd/kubeadm/app/cmd/join.go),
+# so no file alone proves anything.
 JOIN_STATE=none
 joined_state() {
-    local role=$1 members state out
+    local role=$1 members state out rc=0
     if ! has_kubeadm_state; then
         JOIN_STATE=none
         return
@@ -290,7 +303,12 @@ joined_state() {
         state=$(member_state "$members" "$NODE_IP" "$NODE_NAME")
         log "etcd member for $NODE_IP (member list from the $MEMBERS_FROM etcd): $state"
         if [[ $state == voting ]]; then
-            JOIN_STATE=joined
+            node_marked_control_plane || rc=$?
+            case $rc in
+                0) JOIN_STATE=joined ;;
+                1) JOIN_STATE=unfinished ;;
+                *) JOIN_STATE="unknown:this node is a voting etcd member, but the API (through $(kubeconfig_server "$ADMIN_CONF")) does not say whether its Node is registered and marked control-plane" ;;
+            esac
         elif [[ $MEMBERS_FROM == local && $state == absent ]]; then
             # This node's own etcd answers, yet its member list lacks it: never reset on that.
             JOIN_STATE="unknown:this node's etcd runs but its member list has no member at $NODE_IP"
@@ -330,8 +348,25 @@ remove_own_stale_member() {
     fi
 }
 
+# finish_control_plane_join CONFIG: the join phases after etcd-join, each on its own and each
+# idempotent: the kubelet's TLS bootstrap against this node's API server (when kubelet.conf is
+# missing), then the control-plane label and taint. Both read the cluster's configuration through
+# discovery, so the refreshed token in CONFIG must be valid (the refresh ran right before).
+finish_control_plane_join() {
+    local config=$1 logfile=${HERE:?}/kubeadm-join-phase.log
+    if [[ ! -f $KUBELET_CONF ]]; then
+        log "kubeadm join phase kubelet-wait-bootstrap (output: $logfile, root-only)"
+        run_logged "$logfile" kubeadm join phase kubelet-wait-bootstrap --config "$config" ||
+            die "kubeadm join phase kubelet-wait-bootstrap failed: this node's kubelet did not bootstrap against its own API server; see 'journalctl -u kubelet' and 'crictl ps -a' on it"
+    fi
+    log "kubeadm join phase control-plane-join mark-control-plane (output: $logfile, root-only)"
+    run_logged "$logfile" kubeadm join phase control-plane-join mark-control-plane --config "$config" ||
+        die "kubeadm join phase control-plane-join mark-control-plane failed (log above)"
+}
+
 # join_cluster ROLE CA_CERT_HASH: kubeadm join with the rendered JoinConfiguration, once; a node
-# that a previous join left half-way is reset (its etcd member removed first) and joined again.
+# that a previous join left half-way is reset (its etcd member removed first) and joined again,
+# except a control plane whose etcd member already votes: its remaining phases are run instead.
 # The CA hash (public: it pins the cluster CA) comes from refresh-join-material.sh and replaces
 # the placeholder the render left in the file.
 join_cluster() {
@@ -339,6 +374,10 @@ join_cluster() {
     local template=${HERE:?}/kubeadm-join.yaml final=${HERE:?}/kubeadm-join.final.yaml
     [[ $hash =~ ^sha256:[0-9a-f]{64}$ ]] ||
         die "usage: ${0##*/} sha256:<64 hex digits> (the CA cert hash printed by refresh-join-material.sh)"
+    [[ -s $template ]] || die "the JoinConfiguration ${template##*/} is missing from the bundle"
+    grep -q 'LABS_K8S_CA_CERT_HASH' "$template" || die "${template##*/} has no CA cert hash placeholder"
+    sed "s/LABS_K8S_CA_CERT_HASH/$hash/" "$template" >"$final"
+    chmod 0600 "$final"
     joined_state "$role"
     case $JOIN_STATE in
         joined)
@@ -350,16 +389,22 @@ join_cluster() {
         unknown:*)
             die "cannot tell whether this node finished joining: ${JOIN_STATE#unknown:}. Not resetting it on a guess; retry when the control plane answers"
             ;;
+        unfinished)
+            # Its etcd member votes: a reset would take a healthy member out. Run what is left.
+            log "this node is a voting etcd member but its join stopped before kubeadm's last phases: finishing them"
+            finish_control_plane_join "$final"
+            joined_state "$role"
+            [[ $JOIN_STATE == joined ]] || die "the remaining join phases ran but this node is not joined (${JOIN_STATE}); see $HERE/kubeadm-join-phase.log"
+            setup_root_kubeconfig
+            result joined
+            return 0
+            ;;
         partial)
             log "a previous kubeadm join stopped half-way; resetting this node and joining again"
             if [[ $role == control-plane ]]; then remove_own_stale_member; fi
             run_logged "$HERE/kubeadm-reset.log" kubeadm reset -f || die "kubeadm reset -f failed (see $HERE/kubeadm-reset.log)"
             ;;
     esac
-    [[ -s $template ]] || die "the JoinConfiguration ${template##*/} is missing from the bundle"
-    grep -q 'LABS_K8S_CA_CERT_HASH' "$template" || die "${template##*/} has no CA cert hash placeholder"
-    sed "s/LABS_K8S_CA_CERT_HASH/$hash/" "$template" >"$final"
-    chmod 0600 "$final"
     wait_for "$API_WAIT_SECONDS" 5 api_answers "$VIP:$API_PORT" ||
         die "no API server answers on https://$VIP:$API_PORT within ${API_WAIT_SECONDS}s: is the load balancer up and a control plane healthy?"
     log "kubeadm join as $role through $VIP:$API_PORT (output: $HERE/kubeadm-join.log, root-only)"
