@@ -679,8 +679,17 @@ class Kubeadm:
             for manifest in CONTROL_PLANE_MANIFESTS:
                 write(self.root, f"/etc/kubernetes/manifests/{manifest}", f"kind: Pod # {manifest}\n")
         self.die_after("join", "control-plane-prepare")
-        if control_plane and not self.c.etcd_quorum():
-            raise Fail("error execution phase check-etcd: etcd cluster is not healthy")
+        if control_plane:
+            # check-etcd (phases/join/checketcd.go -> etcd CheckClusterHealth, util/etcd/etcd.go): the
+            # status of every endpoint the member list names (started members) must answer; one
+            # dead member fails the join even with a quorum.
+            dead = [m for m in self.c.s["members"] if m["name"] and not self.c.running_member(m)]
+            if dead or not self.c.etcd_quorum():
+                endpoint = dead[0]["peer"].replace(":2380", ":2379") if dead else "https://127.0.0.1:2379"
+                raise Fail(
+                    "error execution phase check-etcd: etcd cluster is not healthy: failed to dial endpoint "
+                    f"{endpoint} with maintenance client: context deadline exceeded"
+                )
         self.die_after("join", "check-etcd")
         # kubelet-start (phases/join/kubelet.go runKubeletStartJoinPhase): it refuses to go on while
         # a Ready Node has this name, writes bootstrap-kubelet.conf and the kubelet's config, starts

@@ -494,6 +494,28 @@ def test_control_planes_five_to_three(tmp_path: Path) -> None:
     assert ok(lab.leave(five.control_planes[4])).stdout == "already-gone\n"
 
 
+def test_a_control_plane_added_while_another_is_down_joins_once_it_is_back(up: Scenario) -> None:
+    """kubeadm's check-etcd asks every started member for its status: one dead member fails a
+    control-plane join even with a quorum. The join fails before adding a member; once the member
+    is back, the next run resets the half-prepared node and joins it."""
+    up.cfg = with_hosts("controlPlanes", [("labs-k8s-m01", "10.3.60.51"), ("labs-k8s-m02", "10.3.60.52"),
+                                          ("labs-k8s-m03", "10.3.60.53"), ("labs-k8s-m04", "10.3.60.57"),
+                                          ("labs-k8s-m05", "10.3.60.58")])
+    m04 = up.lab.add_node("labs-k8s-m04", "10.3.60.57", "control-plane")
+    up.lab.add_node("labs-k8s-m05", "10.3.60.58", "control-plane")
+    up.lab.set_up("labs-k8s-m03", False)
+    first = failed(up.refresh_and_join("labs-k8s-m04"))
+    assert "etcd cluster is not healthy: failed to dial endpoint https://10.3.60.53:2379" in first.stderr
+    assert len(up.lab.members()) == 3, "no member added"
+
+    up.lab.set_up("labs-k8s-m03", True)
+    m04.reset_log()
+    assert ok(up.refresh_and_join("labs-k8s-m04")).stdout == "joined\n"
+    assert kubeadm_calls(m04) == [["reset", "-f"], ["join", "--config"]]
+    assert ok(up.refresh_and_join("labs-k8s-m05")).stdout == "joined\n"
+    assert up.voting_members() == [f"labs-k8s-m0{i}" for i in range(1, 6)]
+
+
 def test_leave_refuses_to_break_quorum(up: Scenario) -> None:
     up.lab.set_up("labs-k8s-m03", False)
     result = failed(up.leave(up.node("labs-k8s-m02")))
