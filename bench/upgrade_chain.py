@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from components.changes import plan_changes
 from components.offline import run_program
 from tests.labs import make_lab_config, namespace
-from tests.upgrade_harness import build_cluster, run_chain
+from tests.upgrade_harness import FakeCluster, build_cluster, run_chain
 
 BEFORE, AFTER = "1.35.2", "1.36.0"
 UPGRADE_SUFFIXES = ("-upgrade", "-upgrade-drain", "-upgrade-uncordon")
@@ -55,22 +56,31 @@ def version(value: str) -> dict:
     return {"labs-k8s:kubernetes": {**namespace()["kubernetes"], "version": value}}
 
 
-def graph_figures() -> None:
+@dataclass(frozen=True)
+class GraphFigures:
+    waves: int  # the distinct step numbers of the change plan: steps with one number run in parallel
+    chain: list[tuple[int, list[str]]]  # (wave, upgrade steps in it), in order
+
+
+def graph_figures() -> GraphFigures:
     created = run_program("labs", overrides=version(BEFORE))
     upgraded = run_program("labs", overrides=version(AFTER), previous=created.previous_state())
     plan = plan_changes(created, upgraded)
-    waves = [step for step in plan.steps if step.kind in ("replace", "create replacement")]
+    # The upgrade steps where they run (replaced: run again), not where the engine deletes the old ones.
+    chain = [(step.order, [n for n in step.names if n.endswith(UPGRADE_SUFFIXES)]) for step in plan.steps
+             if step.kind in ("replace", "create replacement")]
+    return GraphFigures(waves=len({step.order for step in plan.steps}), chain=[(o, n) for o, n in chain if n])
+
+
+def print_graph_figures(figures: GraphFigures) -> None:
     print(f"pulumi up after labs-k8s:kubernetes.version {BEFORE} -> {AFTER} (7-node lab, workersAtOnce=1):")
-    print(f"  {len(waves)} serialized waves of steps; the upgrade chain within them:")
-    chain = []
-    for step in waves:
-        names = [n for n in step.names if n.endswith(UPGRADE_SUFFIXES)]
-        if names:
-            chain.append(names)
-            print(f"    wave {step.order:>2}: {', '.join(names)}")
-    print(f"  {len(chain)} serialized upgrade steps (3 control planes, 3 per worker); "
-          f"{sum(1 for s in waves if not any(n.endswith(UPGRADE_SUFFIXES) for n in s.names))} other waves: prepare, "
-          "init, refresh and join (they find their node done), flannel, verify-cluster, kubeconfig")
+    print(f"  {figures.waves} waves of steps (steps in one wave run in parallel; the last deletes the replaced "
+          "ones); the upgrade chain within them:")
+    for wave, names in figures.chain:
+        print(f"    wave {wave:>2}: {', '.join(names)}")
+    print(f"  {sum(len(names) for _, names in figures.chain)} serialized upgrade steps (3 control planes, "
+          f"3 per worker) in {len(figures.chain)} waves; the {figures.waves - len(figures.chain)} other waves: "
+          "prepare, init, refresh and join (they find their node done), kubeconfig, verify-cluster, the deletes")
 
 
 def classify(node: str, command: str, args: list[str]) -> str | None:
@@ -103,39 +113,54 @@ def classify(node: str, command: str, args: list[str]) -> str | None:
     return None
 
 
-def script_figures() -> None:
-    with tempfile.TemporaryDirectory(prefix="labs-k8s-upgrade-bench-") as tmp:
-        cluster = build_cluster(Path(tmp) / "lab")
-        cluster.reset_log()
-        run = run_chain(cluster, make_lab_config(kubernetes={"version": AFTER}))
-        if run.failed:
-            raise SystemExit(f"{run.failed} failed:\n{run.stderr(run.failed)}")
-        timeline: list[tuple[str, str, int]] = []
-        for node, command, *args in cluster.calls():
-            kind = classify(node, command, args)
-            if kind is not None:
-                target = next((a for a in args if a.startswith("labs-k8s-")), node) if command == "kubectl" else node
-                timeline.append((kind, target, ESTIMATE_SECONDS[kind]))
-    total = sum(seconds for _, _, seconds in timeline)
-    print(f"\nthe scripts on the stand-in cluster: {len(timeline)} timed commands, about {total / 60:.0f} min "
-          "of serialized work (estimates)")
-    print(f"  {'node':<14} {'drained for':>12}  commands while cordoned")
+@dataclass(frozen=True)
+class ScriptFigures:
+    commands: int  # the timed commands the scripts issued, node after node
+    total_seconds: int  # their estimated durations, summed
+    drained: list[tuple[str, int, list[str]]]  # (node, seconds from drain to uncordon, commands in between)
+    most_drained_at_once: int
+
+
+def script_figures(cluster: FakeCluster) -> ScriptFigures:
+    """Run the upgrade chain on `cluster` (five nodes at BEFORE, tests/upgrade_harness.build_cluster)
+    and time what its scripts issued."""
+    cluster.reset_log()
+    run = run_chain(cluster, make_lab_config(kubernetes={"version": AFTER}))
+    if run.failed:
+        raise RuntimeError(f"{run.failed} failed:\n{run.stderr(run.failed)}")
+    timeline: list[tuple[str, str, int]] = []
+    for node, command, *args in cluster.calls():
+        kind = classify(node, command, args)
+        if kind is not None:
+            target = next((a for a in args if a.startswith("labs-k8s-")), node) if command == "kubectl" else node
+            timeline.append((kind, target, ESTIMATE_SECONDS[kind]))
+    drained: list[tuple[str, int, list[str]]] = []
     opened: dict[str, int] = {}
+    most = 0
     for index, (kind, target, _) in enumerate(timeline):
         if kind == "kubectl drain":
             opened[target] = index
+            most = max(most, len(opened))
         elif kind == "kubectl uncordon" and target in opened:
             window = timeline[opened.pop(target) : index + 1]
-            seconds = sum(s for _, _, s in window)
-            inside = ", ".join(k for k, _, _ in window[1:-1])
-            print(f"  {target:<14} {seconds / 60:>9.1f} min  {inside}")
-    print("  at most one node is cordoned at any time; the API stays up through the VIP (one apiserver "
-          "restarts at a time, HAProxy retries elsewhere: docs/load-balancers.md)")
+            drained.append((target, sum(s for _, _, s in window), [k for k, _, _ in window[1:-1]]))
+    return ScriptFigures(len(timeline), sum(s for _, _, s in timeline), drained, most)
+
+
+def print_script_figures(figures: ScriptFigures) -> None:
+    print(f"\nthe scripts on the stand-in cluster: {figures.commands} timed commands, about "
+          f"{figures.total_seconds / 60:.0f} min of serialized work (estimates)")
+    print(f"  {'node':<14} {'drained for':>12}  commands while cordoned")
+    for node, seconds, inside in figures.drained:
+        print(f"  {node:<14} {seconds / 60:>9.1f} min  {', '.join(inside)}")
+    print(f"  at most {figures.most_drained_at_once} node(s) cordoned at any time; the API stays up through the "
+          "VIP (one apiserver restarts at a time, HAProxy retries elsewhere: docs/load-balancers.md)")
 
 
 def main() -> int:
-    graph_figures()
-    script_figures()
+    print_graph_figures(graph_figures())
+    with tempfile.TemporaryDirectory(prefix="labs-k8s-upgrade-bench-") as tmp:
+        print_script_figures(script_figures(build_cluster(Path(tmp) / "lab")))
     return 0
 
 

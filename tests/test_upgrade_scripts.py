@@ -10,7 +10,10 @@ next `pulumi up` re-runs the failed step and what follows, which `run_chain(star
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +22,12 @@ from components.config import LabConfig
 from components.rendering import STEP_ROOT, k8s, step_bundle
 from tests.labs import make_lab_config, make_lab_config_with
 from tests.requirements import require_tool, unavailable
+from tests.test_k8s_scripts import fresh_debian_node
 from tests.upgrade_harness import (
     K8S,
     NODES,
     OLD,
+    REPOSITORIES,
     ChainRun,
     FakeCluster,
     build_cluster,
@@ -34,6 +39,7 @@ from tests.upgrade_harness import (
 )
 
 SNAPSHOT = "/var/lib/labs-k8s/etcd-snapshots/etcd-before-v1.36.0.db"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def config(version: str, **upgrade: int) -> LabConfig:
@@ -260,6 +266,65 @@ def test_workers_at_once_makes_lanes() -> None:
         "labs-k8s-w01": ("labs-k8s-m03",), "labs-k8s-w02": ("labs-k8s-m03",),
         "labs-k8s-w03": ("labs-k8s-w01",), "labs-k8s-w04": ("labs-k8s-w02",), "labs-k8s-w05": ("labs-k8s-w03",),
     }
+
+
+def test_the_runbooks_figures_are_the_benchs(cluster: FakeCluster) -> None:
+    """docs/runbook.md "Upgrading Kubernetes" quotes bench/upgrade_chain.py: the serialized steps and
+    the waves of the program's change plan, the estimated work and drain windows of the real scripts."""
+    spec = importlib.util.spec_from_file_location("upgrade_chain_bench", REPO / "bench" / "upgrade_chain.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    assert f"v{bench.BEFORE}" == OLD, "the bench starts where the stand-in cluster is"
+    graph = bench.graph_figures()
+    scripts = bench.script_figures(cluster)
+    assert [name for _, names in graph.chain for name in names] == [s.name for s in chain(config(bench.AFTER))]
+    assert sorted(node for node, _, _ in scripts.drained) == sorted(NODES)
+    control_planes = {f"{seconds / 60:.1f}" for node, seconds, _ in scripts.drained if "-m" in node}
+    workers = {f"{seconds / 60:.1f}" for node, seconds, _ in scripts.drained if "-w" in node}
+    assert len(control_planes) == len(workers) == 1, scripts.drained
+    assert scripts.most_drained_at_once == 1
+
+    text = " ".join((REPO / "docs" / "runbook.md").read_text().split())
+    quoted = re.search(
+        r"the upgrade is (\d+) serialized steps \(3 control planes, 3 per worker\) inside the (\d+) waves of "
+        r"`pulumi up`; about (\d+) minutes of serialized work, of which each control plane is drained about "
+        r"([\d.]+) minutes and each worker about ([\d.]+) minutes, never two nodes at once", text)
+    assert quoted, "the runbook's figures sentence is gone"
+    assert quoted.groups() == (
+        str(sum(len(names) for _, names in graph.chain)), str(graph.waves), f"{scripts.total_seconds / 60:.0f}",
+        control_planes.pop(), workers.pop()), "run `make bench` and copy its figures into docs/runbook.md"
+
+
+def test_a_node_added_after_an_upgrade_installs_the_new_version_directly(cluster: FakeCluster) -> None:
+    """A worker appended to labs-k8s:nodes.workers.hosts once the cluster runs v1.36.0: its prepare step
+    installs 1.36.0 from the v1.36 repository (no detour through the old version), and its upgrade
+    steps, once it joined, find it done."""
+    ok(run_chain(cluster, config("1.36.0")))
+
+    def add_w03(raw: dict) -> None:
+        raw["kubernetes"]["version"] = "1.36.0"
+        raw["nodes"]["workers"]["hosts"].append({"name": "labs-k8s-w03", "ip": "10.3.60.57"})
+
+    lab = make_lab_config_with(add_w03)
+    w03 = cluster.add_node("labs-k8s-w03", "10.3.60.57", "worker", REPOSITORIES)
+    fresh_debian_node(w03)
+    lab_node = next(n for n in lab.workers if n.name == "labs-k8s-w03")
+    prepared = run_prepare(w03, lab, lab_node)
+    assert prepared.returncode == 0, prepared.stderr
+    for package in K8S:
+        assert (w03.state / "dpkg" / package).read_text().startswith("1.36.0-"), package
+    assert "https://pkgs.k8s.io/core:/stable:/v1.36/deb/ /" in (
+        w03.root / "etc/apt/sources.list.d/kubernetes.list").read_text()
+    installs = [c for c in w03.calls("apt-get") if "install" in c]
+    assert not [c for c in installs if any(a.startswith(("kubeadm=1.35", "kubelet=1.35", "kubectl=1.35")) for a in c)]
+
+    cluster.join("labs-k8s-w03", "v1.36.0")
+    cluster.reset_log()
+    run = ok(run_chain(cluster, lab, start="labs-k8s-w03-upgrade-drain"))
+    assert run.stdout("labs-k8s-w03-upgrade") == "labs-k8s-w03 already at v1.36.0\n"
+    assert events(cluster) == []
 
 
 # ------------------------------------------------------------------ resuming

@@ -14,8 +14,10 @@
 #   skipped; the certificates are renewed, admin.conf's included;
 # - apply then runs upload-config (kubeadm-config kubernetesVersion), kubelet-config, bootstrap-token and
 #   the addons (CoreDNS, kube-proxy); `upgrade node` runs control-plane (to the ConfigMap's version, and
-#   only where kube-apiserver.yaml exists), kubelet-config, and the addons once every control plane is at
-#   the version (phases/upgrade/node/controlplane.go).
+#   only where kube-apiserver.yaml exists: newNodeData in cmd/upgrade/node.go), kubelet-config,
+#   and on a control plane the addons, which both commands skip until no kube-apiserver runs another
+#   version (cmd/phases/upgrade/addons.go shouldUpgradeAddons; UnupgradedControlPlaneInstances in
+#   app/phases/upgrade/postupgrade.go compares the kube-apiserver pods' images).
 # Test knobs in $STATE: kubeadm-crash-after=<phase> kills it right after that phase (an SSH drop, an
 # OOM: what earlier phases wrote stays, nothing is rolled back); kubeadm-fail-component=<component>
 # makes that component not come back (kubeadm rolls back); kubeadm-manual-config puts a "yes" in plan's
