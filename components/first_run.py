@@ -6,8 +6,9 @@ the command that fixes it:
 1. the Pulumi CLI is installed (today's alternative: `pulumi: command not found`, exit 127);
 2. it is logged in to a backend; the backend, the user and the stack are printed before anything
    happens, so nobody creates a stack in the wrong place;
-3. the stack file `Pulumi.<stack>.yaml` exists (up/preview) and, for a stack that does not exist
-   yet, carries no secrets from another stack (a copied `encryptionsalt` makes `stack init` fail
+3. the stack file `Pulumi.<stack>.yaml` exists: for a stack that exists, fetched with
+   `pulumi config refresh` (stack files are not committed); for one that does not exist yet
+   (up/preview), made from the example, and carrying no secrets from another stack (a copied `encryptionsalt` makes `stack init` fail
    with "incorrect passphrase"; copied ciphertext cannot be decrypted by the new stack's key);
 4. the stack exists (destroy refuses to create one; up/preview create it with `pulumi stack init`);
 5. (up/preview) the settings the program needs are set: the exact `pulumi config set` line for each
@@ -140,6 +141,27 @@ def before_stack_init(stack: str, document: dict[str, Any], url: str) -> None:
         )
 
 
+def settings_file_not_here(stack: str, url: str) -> str:
+    """An existing stack without its Pulumi.<stack>.yaml here: a teammate's checkout, a new machine.
+
+    Stack files are not committed (.gitignore), so a second person or machine has none. The
+    example file would be wrong advice: its settings are not the lab's, and an `up` with them
+    would change or replace the lab. The stack's last update recorded its settings and its
+    secrets provider, and `pulumi config refresh` writes both back (pulumi/pulumi
+    pkg/cmd/pulumi/config, newConfigRefreshCmd).
+    """
+    name = stack_file_path(stack).name
+    return (
+        f"stack {stack!r} exists in backend {url}, but its settings file {name} is not in this checkout "
+        "(stack files are not committed: README, \"Secrets and settings\").\n"
+        f"  Fetch the settings of its last update:  pulumi config refresh --stack {stack}\n"
+        "  (or copy the file from whoever runs this lab). Not the example Pulumi.labs.yaml: its settings are "
+        "not this lab's, and an update with them would change or replace the lab.\n"
+        f"  A stack that never ran an update has nothing to fetch: cp Pulumi.labs.yaml {name}, edit it "
+        "(README, \"What to change for your site\"), then set its secrets again."
+    )
+
+
 def missing_settings(stack: str, document: dict[str, Any]) -> list[str]:
     """The exact `pulumi config set` commands for what the program needs and the stack file lacks."""
     config = document.get("config") or {}
@@ -198,13 +220,17 @@ def run_checks(stack: str, purpose: str) -> None:
     url = str(identity.get("url") or identity.get("backendUrl") or "(unknown backend)")
     user = str(identity.get("user") or "(unknown user)")
     document: dict[str, Any] = {}
+    stacks = existing_stacks()
+    exists = stack.rsplit("/", 1)[-1] in stacks  # Pulumi Cloud also takes org/stack and org/project/stack
+    if exists and not stack_file_path(stack).is_file():
+        # destroy too: the template's provider reads the vCenter login from the stack's settings.
+        raise CheckFailed(settings_file_not_here(stack, url))
     if purpose != "destroy":
         try:
             document = read_stack_file(stack)
         except StackFileError as error:
             raise CheckFailed(str(error)) from None
-    stacks = existing_stacks()
-    if stack.rsplit("/", 1)[-1] not in stacks:  # Pulumi Cloud also takes org/stack and org/project/stack
+    if not exists:
         known = ", ".join(sorted(stacks)) or "none"
         if purpose == "destroy":
             raise CheckFailed(

@@ -14,10 +14,15 @@ first-install path depends on, after the real CLI (pulumi/pulumi pkg/cmd/pulumi)
 - `config set [--secret] [--path] KEY [VALUE]` (VALUE from stdin when absent) writes the stack file,
   secrets as `secure: v1:...` ciphertext (the plaintext is kept in this fake's own state, as the
   real key lives in the backend or the passphrase); `config get` prints a value.
+- `config refresh [--force]`: writes the settings of the stack's last update, and its secrets
+  provider (the passphrase salt), back into the stack file; an existing file is first renamed to
+  `<file>.bak`; a stack that never ran an update has none ("no previous deployment"), as
+  newConfigRefreshCmd and backend.GetLatestConfiguration do (pkg/cmd/pulumi/config).
 - `up`, `preview`: run the project's real program under Pulumi's mock engine
   (components.offline.run_program) with the stack file's settings and the decrypted secrets, so every
   check the program makes before registering resources runs as under `pulumi up`; an error is
-  printed and the exit status is 255, like the real CLI's. No provider is contacted.
+  printed and the exit status is 255, like the real CLI's. No provider is contacted. A successful
+  `up` records the settings it ran with as the stack's last update.
 - `destroy`, `version`.
 """
 
@@ -234,6 +239,19 @@ def cmd_config(positional: list[str], options: dict[str, str | bool]) -> None:
         else:
             config[key] = stored
         write_document(stack, document)
+    elif sub == "refresh":
+        deployed = stacks()[stack].get("lastUpdate")
+        if deployed is None:
+            fail("no previous deployment")
+        path = stack_path(stack)
+        if path.is_file() and not options.get("force") and not options.get("f"):
+            backup = Path(f"{path}.bak")
+            while backup.exists():
+                backup = Path(f"{backup}.bak")
+            path.rename(backup)
+            print(f"backed up existing configuration file to {backup}")
+        write_document(stack, deployed)
+        print(f"refreshed configuration for stack '{stack}'")
     elif sub == "get":
         value = config.get(positional[1])
         if value is None:
@@ -272,6 +290,10 @@ def cmd_run(command: str, options: dict[str, str | bool]) -> None:
     except (pulumi.RunError, LabConfigError) as error:
         print(f"{'Previewing update' if command == 'preview' else 'Updating'} ({stack})\n")
         fail(f"program failed:\n{error}")
+    if command == "up":
+        existing = stacks()
+        existing[stack]["lastUpdate"] = read_document(stack)
+        save_stacks(existing)
     print(f"Resources:\n    + {len(run.registrations)} to create (fake {command}: recorded, nothing sent)")
 
 

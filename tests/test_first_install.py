@@ -144,6 +144,33 @@ def test_the_stack_file_must_exist(sandbox):
     assert "stack init" not in sandbox.commands()
 
 
+@pytest.mark.parametrize("target", ["up", "destroy"])
+def test_a_teammates_checkout_fetches_the_stacks_settings_instead_of_copying_the_example(sandbox, target):
+    # The lab was built from this machine; stack files are not committed, so a second checkout
+    # (a teammate, a new laptop) has the stack in the backend but no Pulumi.mysite.yaml.
+    ready_stack(sandbox, backend="local",
+                edit=f"sed -i 's/datacenter: Datacenter/datacenter: DC-Berlin/' Pulumi.{STACK}.yaml")
+    deployed = sandbox.make("up", f"STACK={STACK}", PULUMI_CONFIG_PASSPHRASE="correct horse")
+    assert deployed.returncode == 0, deployed.stderr
+    sandbox.stack_file(STACK).unlink()
+
+    result = sandbox.make(target, f"STACK={STACK}", PULUMI_CONFIG_PASSPHRASE="correct horse")
+    assert result.returncode != 0
+    assert f"stack '{STACK}' exists in backend file://~, but its settings file Pulumi.{STACK}.yaml is not" \
+           in result.stderr
+    assert f"pulumi config refresh --stack {STACK}" in result.stderr
+    assert "no stack file" not in result.stderr  # the example's settings are not this lab's
+    assert sandbox.commands()[-2:] == ["whoami", "stack ls"]
+
+    # The command it prints brings back the lab's own settings and salt; then the target runs.
+    refreshed = sandbox.run(f"pulumi config refresh --stack {STACK}\n")
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert "DC-Berlin" in sandbox.stack_file(STACK).read_text()
+    result = sandbox.make(target, f"STACK={STACK}", PULUMI_CONFIG_PASSPHRASE="correct horse")
+    assert result.returncode == 0, result.stderr
+    assert sandbox.calls()[-1][0] == target
+
+
 def test_a_copied_salt_or_ciphertext_is_refused_before_stack_init(sandbox):
     ready_stack(sandbox, backend="local")
     # Someone copies a used stack file (salt and ciphertext of `mysite`) for a new site.
