@@ -16,19 +16,38 @@ create the vCenter roles this project needs (docs/runbook.md, "vCenter privilege
 
 `python -m components check --stack labs --for up|preview|destroy`: what `make up`, `make preview`
 and `make destroy` run before the Pulumi CLI: the CLI, the login, the stack and its settings.
+
+They run with the project's virtualenv (`make venv`: .venv/bin/python -m components ...).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
-from components.drills import cli as drill_cli
-from components.render_cli import render
+# What every subcommand imports; the system's python3 has none of them.
+PINNED_PACKAGES = ("pulumi", "pydantic", "yaml", "pyVmomi")
+
+
+def require_project_virtualenv() -> None:
+    """Exit with the command to use when this Python lacks the pinned packages (not the project's .venv)."""
+    missing = [name for name in PINNED_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        sys.exit(
+            f"python -m components: {sys.executable} does not have this project's packages "
+            f"({', '.join(missing)} missing). Run it with the project's virtualenv, which `make up` creates "
+            "(or `make venv` alone):\n"
+            "  .venv/bin/python -m components ...    or first:  . .venv/bin/activate"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
+    require_project_virtualenv()
+    from components.drills import cli as drill_cli
+    from components.render_cli import render
+
     parser = argparse.ArgumentParser(prog="python -m components", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     render_parser = commands.add_parser("render", help="write plan.json, graph.mmd and every pushed file")

@@ -8,8 +8,9 @@ the command that fixes it:
    happens, so nobody creates a stack in the wrong place;
 3. the stack file `Pulumi.<stack>.yaml` exists: for a stack that exists, fetched with
    `pulumi config refresh` (stack files are not committed); for one that does not exist yet
-   (up/preview), made from the example, and carrying no secrets from another stack (a copied `encryptionsalt` makes `stack init` fail
-   with "incorrect passphrase"; copied ciphertext cannot be decrypted by the new stack's key);
+   (up/preview), made from the example, and carrying no secrets from another stack (a copied
+   `encryptionsalt` makes `stack init` fail with "incorrect passphrase"; copied ciphertext cannot
+   be decrypted by the new stack's key);
 4. the stack exists (destroy refuses to create one; up/preview create it with `pulumi stack init`);
 5. (up/preview) the settings the program needs are set: the exact `pulumi config set` line for each
    missing one, and the lab config itself validated offline.

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from components.config import LabConfig
 from components.offline import REPO_ROOT
@@ -156,6 +157,61 @@ def test_the_readme_first_lab_run_in_order_reaches_pulumi_up(tmp_path, variant):
     assert box.calls()[-1] == ["up", "--stack", "mysite"]
     assert "make up: stack 'mysite' in backend" in result.stdout
     assert "to create (fake up" in result.stdout
+    # Step 4's roles for the vCenter administrator come from the file the user just edited.
+    assert "govc role.create labs-k8s-read StorageProfile.View" in result.stdout
+    assert "-propagate=true /DC-Berlin/vm/labs-k8s" in result.stdout
     document = (box.repo / "Pulumi.mysite.yaml").read_text()
     assert "DC-Berlin" in document and "hunter2" not in document and "PRIVATE KEY" not in document
     assert ("encryptionsalt:" in document) == (variant == "self-managed")
+
+
+# --------------------------------------------------------------------------- what to change for your site
+
+# Keys of the example stack file that a site keeps as they are, so the README's checklist does not
+# list them (sizing, Debian's name for the VMXNET3 NIC, choices). Every other key must be in it.
+SAME_AT_EVERY_SITE = {
+    "vsphere:allowUnverifiedSsl",  # false: trust vCenter's CA instead (README, step 5)
+    "labs-k8s:network.interface",  # ens192: VMXNET3 in the clone's first PCIe slot
+    "labs-k8s:template.diskGib", "labs-k8s:template.firmware", "labs-k8s:template.retainOnDestroy",
+    *(f"labs-k8s:nodes.{role}.{size}" for role in ("balancers", "controlPlanes", "workers")
+      for size in ("vcpu", "memoryMib")),
+    "labs-k8s:nodes.controlPlanes.dataDiskGib", "labs-k8s:nodes.workers.dataDiskGib",
+    "labs-k8s:kubernetes.version",
+    "labs-k8s:ssh.user",
+}
+
+
+def example_keys(value: object, key: str) -> list[str]:
+    """Full keys of the example's settings; lists (addresses, hosts) count as one value."""
+    if isinstance(value, dict):
+        return [leaf for name, inner in value.items() for leaf in example_keys(inner, f"{key}.{name}")]
+    return [key]
+
+
+def checklist_rows() -> list[tuple[list[str], list[str]]]:
+    """Each row's first cell of "What to change for your site": (full keys, bare sub-keys)."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("### What to change for your site", 1)[1].split("\n#", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        names = re.findall(r"`([^`]+)`", line.split("|")[1])
+        rows.append(([n for n in names if ":" in n], [n for n in names if ":" not in n]))
+    return rows
+
+
+def test_the_site_checklist_names_every_setting_a_site_changes():
+    config = yaml.safe_load((REPO_ROOT / "Pulumi.labs.yaml").read_text())["config"]
+    leaves = [leaf for key, value in config.items() for leaf in example_keys(value, key)]
+    rows = checklist_rows()
+
+    def listed(leaf: str) -> bool:
+        # `labs-k8s:vsphere` `datacenter`, ...: the named sub-keys; `labs-k8s:antiAffinity` alone: all of it.
+        return any((leaf == full or leaf.startswith(f"{full}.")) and (not bare or leaf.rsplit(".", 1)[-1] in bare)
+                   for fulls, bare in rows for full in fulls)
+
+    unlisted = [leaf for leaf in leaves if not listed(leaf) and leaf not in SAME_AT_EVERY_SITE]
+    assert not unlisted, f"README \"What to change for your site\" does not say what these must be: {unlisted}"
+    assert not [key for key in SAME_AT_EVERY_SITE if key not in leaves], "a key kept as it is, not in the example"
+    assert not [key for key in SAME_AT_EVERY_SITE if listed(key)], "a key both listed and kept as it is"

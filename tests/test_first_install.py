@@ -271,6 +271,18 @@ def test_render_of_a_missing_stack_file_says_so(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", ["privileges --stack labs", "render --stack labs --out out", "check --for up"])
+def test_components_without_the_projects_packages_names_the_virtualenv(tmp_path, command):
+    # The system's python3 (here: site-packages switched off with -S) has none of the pinned packages;
+    # the README's `python -m components` lines need the project's .venv.
+    result = subprocess.run([sys.executable, "-S", "-m", "components", *command.split()], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert "does not have this project's packages (pulumi" in result.stderr
+    assert ".venv/bin/python -m components" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_render_reports_a_junk_boolean(sandbox, tmp_path):
     text = sandbox.stack_file("labs").read_text().replace('allowUnverifiedSsl: "false"', 'allowUnverifiedSsl: "yes"')
     sandbox.stack_file("junk").write_text(text)
