@@ -116,7 +116,7 @@ def test_committed_graph_is_current(offline_run):
 
 # Step 1 installs real tools and clones the repository: the sandbox stands in for what they give.
 NOT_RUN_HERE = (
-    "sudo apt-get install -y git python3-venv xorriso make",
+    "sudo apt-get install -y git python3-venv xorriso curl openssh-client make",
     'curl -fsSL https://get.pulumi.com | sh && export PATH="$HOME/.pulumi/bin:$PATH"',
     "git clone https://github.com/<your-org>/labs-k8s.git && cd labs-k8s",
 )

@@ -15,8 +15,12 @@ import pytest
 import yaml
 
 from components.offline import REPO_ROOT
-from tests.requirements import require_tool
+from tests.debian_rootfs import in_target
+from tests.requirements import require_root, require_tool
 from tests.sandbox import Sandbox
+from tests.test_docs import commands_of, first_lab_blocks
+from tests.test_install_test_deps import online_rootfs
+from tests.test_seal_rootfs import _rootfs_tarball
 
 STACK = "mysite"
 
@@ -58,6 +62,37 @@ pulumi config set --stack {STACK} --path 'labs-k8s:ssh.publicKey' "$(cat {public
 """
     result = box.run(script, PULUMI_ACCESS_TOKEN="pul-fake", PULUMI_CONFIG_PASSPHRASE="correct horse")
     assert result.returncode == 0, result.stderr
+
+
+# --------------------------------------------------------------------------- step 1 on a fresh machine
+
+# What the README's later steps run on the user's machine, and how to see that it is there.
+LATER_STEPS_NEED = {
+    "curl": "command -v curl",  # step 1: get.pulumi.com; the vCenter CA download
+    "git": "command -v git",  # step 1: the clone
+    "make": "command -v make",  # make venv, make up
+    "python3 -m venv": "python3 -m venv /tmp/first-lab-venv && /tmp/first-lab-venv/bin/pip --version",
+    "ssh-keygen": "command -v ssh-keygen",  # step 5: the lab's key pair
+    "xorriso": "command -v xorriso",  # the template build remasters the installer ISO on this machine
+}
+
+
+def test_step_one_installs_every_tool_the_later_steps_use(tmp_path):
+    """The README's apt-get line, verbatim, in a minimal Debian 12 (debootstrap minbase, which has
+    none of git, make, curl, xorriso or python3-venv), then each tool the later steps call."""
+    require_root()
+    require_tool("debootstrap", "tar", "chroot", "unshare")
+    apt_line = next(line for line in commands_of(first_lab_blocks("pulumi-cloud")[0]) if "apt-get install" in line)
+    root = tmp_path / "fresh"
+    online_rootfs(_rootfs_tarball({}), root)
+    before = {tool: in_target(root, check).returncode for tool, check in LATER_STEPS_NEED.items()}
+    assert [tool for tool, status in before.items() if status != 0], "the rootfs already has every tool: no baseline"
+
+    installed = in_target(root, f"apt-get update -qq && {apt_line} >/dev/null", timeout=1200)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    after = {tool: in_target(root, check) for tool, check in LATER_STEPS_NEED.items()}
+    missing = {tool: result.stderr[-300:] for tool, result in after.items() if result.returncode != 0}
+    assert not missing, f"README step 1 does not install what later steps use: {missing}"
 
 
 # --------------------------------------------------------------------------- the CLI and the login

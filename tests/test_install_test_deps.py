@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from components.offline import REPO_ROOT
+from tests.debian_rootfs import unpack
 from tests.requirements import require_root, require_tool
 from tests.test_seal_rootfs import _rootfs_tarball
 
@@ -28,6 +29,17 @@ UNITS = {
     "cloud-init": ["cloud-init-local.service", "cloud-init.service", "cloud-config.service", "cloud-final.service",
                    "cloud-init-hotplugd.socket"],
 }
+
+
+def online_rootfs(tarball: Path, root: Path) -> None:
+    """`tarball` unpacked at `root`, able to reach the Debian mirror as this machine does: its
+    resolv.conf and its apt proxy settings, if any (apt-get in the rootfs runs with a clean environment).
+    Here rather than in tests/debian_rootfs.py, whose text keys the first-boot image cache."""
+    unpack(tarball, root)
+    shutil.copy2("/etc/resolv.conf", root / "etc" / "resolv.conf")
+    for name in Path("/etc/apt/apt.conf.d").glob("*"):
+        if name.is_file() and "proxy" in name.read_text(errors="replace").lower():
+            shutil.copy2(name, root / "etc" / "apt" / "apt.conf.d" / name.name)
 
 
 def enabled_units(root: Path) -> set[str]:
@@ -53,14 +65,8 @@ exec chroot {root} /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
 def rootfs(tmp_path_factory) -> Path:
     require_root()
     require_tool("debootstrap", "tar", "chroot", "unshare")
-    tarball = _rootfs_tarball({})
     root = tmp_path_factory.mktemp("workstation") / "root"
-    root.mkdir()
-    subprocess.run(["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-xpf", str(tarball)], check=True)
-    shutil.copy2("/etc/resolv.conf", root / "etc" / "resolv.conf")
-    for name in Path("/etc/apt/apt.conf.d").glob("*"):  # the machine's apt proxy settings, if any
-        if name.is_file() and "proxy" in name.read_text(errors="replace").lower():
-            shutil.copy2(name, root / "etc" / "apt" / "apt.conf.d" / name.name)
+    online_rootfs(_rootfs_tarball({}), root)
     shutil.copy2(SCRIPT, root / "tmp" / "install-test-deps.sh")
     return root
 
