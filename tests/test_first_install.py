@@ -341,3 +341,18 @@ def test_the_example_stack_file_carries_nothing_site_or_secret():
     assert ignored.returncode == 0, "a site's stack file must be ignored by git"
     tracked = subprocess.run(["git", "check-ignore", "-q", "Pulumi.labs.yaml"], cwd=REPO_ROOT, check=False)
     assert tracked.returncode == 1
+
+
+def test_a_stack_files_vcenter_login_wins_over_the_workflows_variables():
+    """Why the example names no vCenter: the program reads the login as the provider does (its
+    config first, VSPHERE_* only for what the config lacks), so a committed value would win."""
+    from components.stack_config import vsphere_settings
+
+    example = yaml.safe_load((REPO_ROOT / "Pulumi.labs.yaml").read_text())["config"]
+    workflow = {"VSPHERE_SERVER": "vcenter.ci.example", "VSPHERE_USER": "preview@vsphere.local",
+                "VSPHERE_PASSWORD": "from-secrets"}
+    settings = vsphere_settings(lambda key: example.get(key), workflow)
+    assert (settings["vsphereServer"], settings["user"], settings["password"]) == (
+        "vcenter.ci.example", "preview@vsphere.local", "from-secrets")
+    committed = {**example, "vsphere:vsphereServer": "vcenter.site.example"}
+    assert vsphere_settings(lambda key: committed.get(key), workflow)["vsphereServer"] == "vcenter.site.example"
