@@ -432,6 +432,17 @@ def test_a_failed_install_keeps_the_builder_for_inspection_and_the_next_up_clean
         vs.disconnect(si)
 
 
+def rotate_password(sim: Vcsim, new_password: str) -> Vcsim:
+    """vcsim with its login changed to `new_password`, once the old one is seen refused."""
+    rotated = sim.rotate_password(new_password)
+    try:
+        vs.disconnect(connect(sim))  # the old password
+    except vs.VSphereError:
+        return rotated
+    unavailable("this vcsim lacks build_vcsim.sh's rotatable-password hook; rebuild it with "
+                "VCSIM_REBUILD=1 bash tests/tools/build_vcsim.sh")
+
+
 def test_a_rotated_vcenter_password_keeps_refresh_and_destroy_working(lab_vcsim, netinst, host_env, installer):
     """vcsim starts with one password, then accepts only another. The provider logs in with the
     stack config's current password at every call, so refresh, up and destroy go on working, and
@@ -444,14 +455,7 @@ def test_a_rotated_vcenter_password_keeps_refresh_and_destroy_working(lab_vcsim,
     assert engine.state is not None
     first_id = engine.state.id
 
-    rotated = sim.rotate_password("rotated-secret-2")
-    try:
-        vs.disconnect(connect(sim))  # the old password
-    except vs.VSphereError:
-        pass
-    else:
-        unavailable("this vcsim lacks build_vcsim.sh's rotatable-password hook; rebuild it with "
-                    "VCSIM_REBUILD=1 bash tests/tools/build_vcsim.sh")
+    rotated = rotate_password(sim, "rotated-secret-2")
     after = program(rotated, netinst)  # the stack config now carries the new password
     assert engine.refresh(after.config, after.secret_keys).op == "refresh"
     assert engine.preview(after.by_name(TEMPLATE).wire_inputs, after.config, after.secret_keys).op == "same"
@@ -483,14 +487,7 @@ def test_a_rotated_password_with_a_cli_that_reuses_the_recorded_provider_config(
     engine = engine_for(run, host_env)
     assert up(engine, run).op == "create"
 
-    rotated = sim.rotate_password("rotated-secret-2")
-    try:
-        vs.disconnect(connect(sim))  # the old password
-    except vs.VSphereError:
-        pass
-    else:
-        unavailable("this vcsim lacks build_vcsim.sh's rotatable-password hook; rebuild it with "
-                    "VCSIM_REBUILD=1 bash tests/tools/build_vcsim.sh")
+    rotated = rotate_password(sim, "rotated-secret-2")
     after = program(rotated, netinst)
     with pytest.raises(ProviderError) as stale:
         engine.refresh(after.config, after.secret_keys, recorded_provider_config=True)
