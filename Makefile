@@ -11,7 +11,7 @@ PIP := $(VENV)/bin/pip
 # Our lock files hold PyPI hashes: ignore machine-wide pip settings (extra indexes, find-links).
 PIP_ENV := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=
 
-.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim
+.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain
 
 help:
 	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack $(STACK)"
@@ -64,7 +64,13 @@ vcsim: system-deps
 	bash tests/tools/build_vcsim.sh >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "vcsim could not be built here; its tests will skip (they fail under CI=true)" >&2; }
 
-test: venv-dev system-deps vcsim
+# The real Pulumi CLI and the plugins the Go module proxy serves, built from Go modules
+# (tests/tools/toolchain/manifest.json says which, at which version, and which are refused).
+toolchain: system-deps
+	bash tests/tools/build_toolchain.sh >/dev/null || { [ "$${CI:-}" != true ] && \
+	  echo "the Pulumi toolchain could not be built here; the real-engine tests will skip (they fail under CI=true)" >&2; }
+
+test: venv-dev system-deps vcsim toolchain
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 

@@ -17,7 +17,7 @@ TOOLS="$REPO/tests/tools"
 CACHE_DIR="$REPO/.cache/vcsim"
 BIN="$CACHE_DIR/vcsim"
 STAMP="$CACHE_DIR/vcsim.recipe"
-# shellcheck source=tests/tools/go_env.sh
+# shellcheck source=go_env.sh source-path=SCRIPTDIR
 source "$TOOLS/go_env.sh"
 
 log() { printf 'build_vcsim: %s\n' "$*" >&2; }
