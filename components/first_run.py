@@ -13,7 +13,10 @@ the command that fixes it:
    be decrypted by the new stack's key);
 4. the stack exists (destroy refuses to create one; up/preview create it with `pulumi stack init`);
 5. (up/preview) the settings the program needs are set: the exact `pulumi config set` line for each
-   missing one, and the lab config itself validated offline.
+   missing one, and the lab config itself validated offline;
+6. (up) a stack on a self-managed backend that has no deployment yet gets an initial one
+   (initial_deployment): its stack resource's output tells the program, even after a first `up`
+   that failed before any output, that the stack has a deployment (components/previous_state.py).
 
 The stack file is read as a file, offline: secret values are ciphertext there and are checked by
 the program itself, which sees them decrypted (components/stack_config.py).
@@ -26,10 +29,20 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from datetime import UTC, datetime
 from typing import Any
 
 from components.config import NAMESPACE, LabConfigError, load_lab_config
-from components.offline import PLACEHOLDER_PUBLIC_KEY, REPO_ROOT, StackFileError, read_stack_file, stack_file_path
+from components.offline import (
+    PLACEHOLDER_PUBLIC_KEY,
+    PROJECT,
+    REPO_ROOT,
+    StackFileError,
+    read_stack_file,
+    stack_file_path,
+)
+from components.previous_state import INITIAL_DEPLOYMENT_OUTPUT
 from components.stack_config import SSH_PRIVATE_KEY, provider_bool
 
 INSTALL_URL = "https://www.pulumi.com/docs/iac/download-install/"
@@ -206,6 +219,51 @@ def settings_problems(stack: str, document: dict[str, Any]) -> list[str]:
     return problems
 
 
+def initial_deployment(stack: str, now: datetime | None = None) -> dict[str, Any]:
+    """A deployment with only the root stack resource, carrying INITIAL_DEPLOYMENT_OUTPUT.
+
+    `pulumi stack import` of this gives a self-managed stack a deployment: without one,
+    readStackResourceOutputs crashes the CLI (pkg/backend/backend.go GetStackResourceOutputs,
+    components/previous_state.py). The manifest has no version, so no magic cookie is checked
+    (pkg/resource/deploy/manifest.go NewMagic, snapshot.go VerifyIntegrity). The engine keeps the
+    stack resource's outputs until the program registers its own (a `same` step), so the output
+    survives a first `up` that fails before any.
+    """
+    name = stack.rsplit("/", 1)[-1]
+    return {"version": 3, "deployment": {
+        "manifest": {"time": (now or datetime.now(UTC)).isoformat(), "magic": "", "version": ""},
+        "resources": [{
+            "urn": f"urn:pulumi:{name}::{PROJECT}::pulumi:pulumi:Stack::{PROJECT}-{name}",
+            "custom": False,
+            "type": "pulumi:pulumi:Stack",
+            "outputs": {INITIAL_DEPLOYMENT_OUTPUT: "make up (components/first_run.py)"},
+        }],
+    }}
+
+
+def give_initial_deployment(stack: str, purpose: str) -> None:
+    """Idempotent: only a stack whose `pulumi stack export` shows no deployment (`null`, what
+    diy/backend.go ExportDeployment prints for a stack `stack init` made) gets one."""
+    exported = _pulumi("stack", "export", "--stack", stack)
+    if exported.returncode != 0:
+        raise CheckFailed(f"`pulumi stack export --stack {stack}` failed: {_first_line(exported.stderr)}")
+    try:
+        deployment = json.loads(exported.stdout or "{}").get("deployment")
+    except (json.JSONDecodeError, AttributeError):
+        raise CheckFailed(f"`pulumi stack export --stack {stack}` did not print a deployment") from None
+    if deployment is not None:
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="labs-k8s-initial-") as file:
+        json.dump(initial_deployment(stack), file)
+        file.flush()
+        imported = _pulumi("stack", "import", "--stack", stack, "--file", file.name)
+    if imported.returncode != 0:
+        raise CheckFailed(f"`pulumi stack import --stack {stack}` of its initial deployment failed: "
+                          f"{_first_line(imported.stderr)}")
+    _say(purpose, f"gave stack {stack!r} its initial deployment (no resources): the program reads its previous "
+                  "state from it (docs/cluster.md, \"The previous state\")")
+
+
 def check(stack: str, purpose: str) -> int:
     try:
         run_checks(stack, purpose)
@@ -252,7 +310,13 @@ def run_checks(stack: str, purpose: str) -> None:
     if "environment" in document:
         _say(purpose, f"{stack_file_path(stack).name} imports Pulumi ESC environments: settings are checked by the "
                       "program itself, not here")
-        return
+    else:
+        settings_complete(stack, document)
+    if purpose == "up" and _self_managed(url):
+        give_initial_deployment(stack, purpose)
+
+
+def settings_complete(stack: str, document: dict[str, Any]) -> None:
     commands = missing_settings(stack, document)
     problems = settings_problems(stack, document)
     if commands or problems:

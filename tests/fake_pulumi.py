@@ -18,11 +18,16 @@ first-install path depends on, after the real CLI (pulumi/pulumi pkg/cmd/pulumi)
   provider (the passphrase salt), back into the stack file; an existing file is first renamed to
   `<file>.bak`; a stack that never ran an update has none ("no previous deployment"), as
   newConfigRefreshCmd and backend.GetLatestConfiguration do (pkg/cmd/pulumi/config).
+- `stack export`, `stack import --file F`: the stack's deployment. `stack init` stores none: export
+  prints `"deployment": null` (pkg/backend/diy/backend.go CreateStack, ExportDeployment); import
+  refuses a resource of another stack (pkg/cmd/pulumi/stack/stack_import.go, SaveSnapshot).
 - `up`, `preview`: run the project's real program under Pulumi's mock engine
-  (components.offline.run_program) with the stack file's settings and the decrypted secrets, so every
-  check the program makes before registering resources runs as under `pulumi up`; an error is
-  printed and the exit status is 255, like the real CLI's. No provider is contacted. A successful
-  `up` records the settings it ran with as the stack's last update.
+  (components.offline.run_program) with the stack file's settings, the decrypted secrets and the
+  stack's deployment as its previous state (None: no deployment, components.offline.LabMocks), so
+  every check the program makes before registering resources runs as under `pulumi up`; an error is
+  printed and the exit status is 255, like the real CLI's; an engine panic (EnginePanic) exits 2,
+  as a Go panic does. No provider is contacted. A successful `up` records the settings it ran with
+  as the stack's last update, and its resources as the stack's deployment.
 - `destroy`, `version`.
 """
 
@@ -115,7 +120,7 @@ def write_document(stack: str, document: dict[str, Any]) -> None:
 def flags(argv: list[str]) -> tuple[list[str], dict[str, str | bool]]:
     """Positional arguments and --flags (values for --stack/-s, booleans otherwise)."""
     with_value = {"--stack": "stack", "-s": "stack", "--secrets-provider": "secrets-provider", "--cwd": "cwd",
-                  "-C": "cwd"}
+                  "-C": "cwd", "--file": "file"}
     positional: list[str] = []
     options: dict[str, str | bool] = {}
     items = iter(argv)
@@ -201,6 +206,20 @@ def cmd_stack(positional: list[str], options: dict[str, str | bool]) -> None:
         save_stacks(existing)
         save("selected.json", {**load("selected.json", {}), require_backend(): name})
         print(f"Created stack '{name}'")
+    elif sub == "export":
+        name = current_stack(options)
+        print(json.dumps({"version": 3, "deployment": existing[name].get("deployment")}))
+    elif sub == "import":
+        name = current_stack(options)
+        require_secrets_key(name)
+        document = json.loads(Path(str(options["file"])).read_text())
+        deployment = document.get("deployment") or {}
+        for resource in deployment.get("resources") or []:
+            if str(resource.get("urn", "")).split("::")[0] != f"urn:pulumi:{name}":
+                fail(f"resource '{resource.get('urn')}' is from a different stack (use --force to import anyway)")
+        existing[name]["deployment"] = deployment
+        save_stacks(existing)
+        print("Import complete.")
     elif sub == "select":
         name = positional[1] if len(positional) > 1 else str(options.get("stack"))
         if name not in existing:
@@ -283,16 +302,27 @@ def cmd_run(command: str, options: dict[str, str | bool]) -> None:
     import pulumi
 
     from components.config import LabConfigError
-    from components.offline import run_program
+    from components.offline import EnginePanic, run_program
 
+    deployment = stacks()[stack].get("deployment")
+    previous = None if deployment is None else {
+        r["urn"]: {"type": r["type"], "outputs": r.get("outputs") or {}} for r in deployment.get("resources") or []}
+    organization = "organization" if require_backend().startswith(SELF_MANAGED) else "tester"
     try:
-        run = run_program(stack, overrides=config, preview=command == "preview")
+        run = run_program(stack, overrides=config, preview=command == "preview", previous=previous,
+                          organization=organization)
+    except EnginePanic as panic:
+        print(f"{panic}\n\ngoroutine 1 [running]: (fake pulumi)", file=sys.stderr)
+        sys.exit(2)
     except (pulumi.RunError, LabConfigError) as error:
         print(f"{'Previewing update' if command == 'preview' else 'Updating'} ({stack})\n")
         fail(f"program failed:\n{error}")
     if command == "up":
         existing = stacks()
         existing[stack]["lastUpdate"] = read_document(stack)
+        existing[stack]["deployment"] = {"manifest": {}, "resources": [
+            {"urn": urn, "type": entry["type"], "outputs": entry["outputs"]}
+            for urn, entry in run.previous_state().items()]}
         save_stacks(existing)
     print(f"Resources:\n    + {len(run.registrations)} to create (fake {command}: recorded, nothing sent)")
 

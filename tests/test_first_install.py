@@ -240,6 +240,35 @@ def test_a_complete_stack_reaches_pulumi_up(sandbox):
     assert yaml.safe_load(text)["config"]["vsphere:password"]["secure"].startswith("v1:")
 
 
+def test_the_first_up_of_a_new_self_managed_stack_does_not_crash_the_cli(sandbox):
+    """The README's self-managed path (`pulumi login --local`, `pulumi stack init`, `make up`): the
+    stack has no deployment, and asking the engine for its resources panics the real CLI
+    (components/previous_state.py). `make up` gives it an initial deployment once; a bare
+    `pulumi preview`/`pulumi up` on such a stack does not crash either."""
+    phrase = {"PULUMI_CONFIG_PASSPHRASE": "correct horse"}
+    ready_stack(sandbox, backend="local")
+    bare = sandbox.run(f"pulumi preview --stack {STACK}\npulumi up --stack {STACK}\n", **phrase)
+    assert bare.returncode == 0, bare.stderr
+    assert "panic" not in bare.stderr
+
+    sandbox.run(f"cp Pulumi.{STACK}.yaml Pulumi.second.yaml\nsed -i '/encryptionsalt/d' Pulumi.second.yaml\n"
+                "pulumi stack init second\n", **phrase)
+    first = sandbox.make("up", "STACK=second", **phrase)
+    assert first.returncode == 0, first.stderr
+    assert "make up: gave stack 'second' its initial deployment" in first.stdout
+    imports = [c for c in sandbox.calls() if c[:2] == ["stack", "import"]]
+    assert len(imports) == 1 and sandbox.calls()[-1] == ["up", "--stack", "second"]
+    again = sandbox.make("up", "STACK=second", **phrase)
+    assert again.returncode == 0, again.stderr
+    assert len([c for c in sandbox.calls() if c[:2] == ["stack", "import"]]) == 1  # idempotent
+
+
+def test_pulumi_cloud_stacks_get_no_initial_deployment(sandbox):
+    ready_stack(sandbox)
+    assert sandbox.make("up", f"STACK={STACK}").returncode == 0
+    assert "stack export" not in sandbox.commands() and "stack import" not in sandbox.commands()
+
+
 def test_a_private_key_with_a_passphrase_stops_up_before_anything_is_built(sandbox):
     private, public = keypair(sandbox.home, "locked", passphrase="s3cret-phrase")
     ready_stack(sandbox, private=private, public=public)
