@@ -125,6 +125,10 @@ class VcenterLogin:
         return vsphere.session(self.host, self.user, self.password, port=self.port, insecure=self.insecure)
 
 
+# State contract: every deployed stack's state pickles this class by its qualified name
+# `components.template.TemplateBuildProvider`, and the dynamic-provider host unpickles it for every
+# diff, refresh and destroy (pulumi/dynamic/__main__.py get_provider). Never rename or move it; if
+# a layout change must, keep an importable alias here (tests/test_state_contract.py pins it).
 class TemplateBuildProvider(ResourceProvider):
     """Runs in Pulumi's dynamic-provider process; every vCenter call goes through components.vsphere.
 
