@@ -12,6 +12,7 @@ the command that fixes it:
    `encryptionsalt` makes `stack init` fail with "incorrect passphrase"; copied ciphertext cannot
    be decrypted by the new stack's key);
 4. the stack exists (destroy refuses to create one; up/preview create it with `pulumi stack init`);
+   (destroy) the vCenter settings are the ones the last `up` recorded (recorded_login_changes);
 5. (up/preview) the settings the program needs are set: the exact `pulumi config set` line for each
    missing one, and the lab config itself validated offline;
 6. (up) a stack on a self-managed backend that has no deployment yet gets an initial one
@@ -24,6 +25,7 @@ the program itself, which sees them decrypted (components/stack_config.py).
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import shutil
@@ -264,6 +266,73 @@ def give_initial_deployment(stack: str, purpose: str) -> None:
                   "state from it (docs/cluster.md, \"The previous state\")")
 
 
+VSPHERE_PROVIDER_TYPE = "pulumi:providers:vsphere"
+# The settings both providers that log in to vCenter take from the stack config.
+LOGIN_KEYS = ("vsphereServer", "user", "password", "allowUnverifiedSsl")
+# How a secret is written in an exported deployment (pulumi/pulumi sdk/go/common/apitype SecretV1,
+# sig.Secret); with --show-secrets its `plaintext` is the value as JSON (resource/stack/deployment.go).
+SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"
+
+
+def _setting_text(value: Any) -> str | None:
+    """A setting as the engine hands it to a provider (config values are strings), for comparing."""
+    if isinstance(value, dict) and SECRET_SIG_KEY in value:
+        value = json.loads(value["plaintext"]) if "plaintext" in value else None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return None if value is None else str(value)
+
+
+def recorded_provider_inputs(stack: str) -> dict[str, Any] | None:
+    """The inputs the default vSphere provider was configured with at the last `up`, from the
+    state (None: the state has no such provider). Read with --show-secrets, kept in memory only."""
+    exported = _pulumi("stack", "export", "--stack", stack, "--show-secrets")
+    if exported.returncode != 0:
+        raise CheckFailed(f"`pulumi stack export --stack {stack}` failed: {_first_line(exported.stderr)}")
+    try:
+        deployment = json.loads(exported.stdout or "{}").get("deployment") or {}
+    except (json.JSONDecodeError, AttributeError):
+        raise CheckFailed(f"`pulumi stack export --stack {stack}` did not print a deployment") from None
+    for resource in deployment.get("resources") or []:
+        urn = str(resource.get("urn", ""))
+        if resource.get("type") == VSPHERE_PROVIDER_TYPE and urn.rsplit("::", 1)[-1].startswith("default") \
+                and not resource.get("delete"):
+            return dict(resource.get("inputs") or {})
+    return None
+
+
+def recorded_login_changes(stack: str, document: dict[str, Any]) -> list[str]:
+    """The `vsphere:*` settings whose stack value differs from what the last `up` recorded.
+
+    `pulumi destroy` and `pulumi refresh` do not run the program: the engine configures each
+    provider of the state, the vSphere provider's and the template's dynamic provider, with the
+    inputs recorded at the last `up` (pulumi/pulumi pkg/resource/deploy/providers/registry.go
+    Registry.Same: Configure with res.Inputs; #18740, which used the current config, was reverted
+    by #18756). A changed login there means the old one. Secret values are compared in memory
+    and never printed.
+    """
+    recorded = recorded_provider_inputs(stack)
+    if recorded is None:
+        return []  # no vSphere resource was ever created: nothing there logs in
+    config = document.get("config") or {}
+    changed = []
+    for key in LOGIN_KEYS:
+        current = config.get(f"vsphere:{key}")
+        if isinstance(current, dict) and "secure" in current:
+            shown = _pulumi("config", "get", "--stack", stack, f"vsphere:{key}")
+            if shown.returncode != 0:
+                raise CheckFailed(f"`pulumi config get --stack {stack} vsphere:{key}` failed: "
+                                  f"{_first_line(shown.stderr)}")
+            current = shown.stdout.removesuffix("\n")
+        now, then = _setting_text(current), _setting_text(recorded.get(key))
+        if now is None or then is None:
+            if now != then:
+                changed.append(f"vsphere:{key}")
+        elif not hmac.compare_digest(now.encode(), then.encode()):
+            changed.append(f"vsphere:{key}")
+    return changed
+
+
 def check(stack: str, purpose: str) -> int:
     try:
         run_checks(stack, purpose)
@@ -306,6 +375,18 @@ def run_checks(stack: str, purpose: str) -> None:
     else:
         _say(purpose, f"stack {stack!r} in backend {url} as {user}")
     if purpose == "destroy":
+        settings = read_stack_file(stack)
+        # Settings from Pulumi ESC environments are not in the file to compare.
+        changed = [] if "environment" in settings else recorded_login_changes(stack, settings)
+        if changed:
+            raise CheckFailed(
+                f"{', '.join(changed)} changed since the last `up` of stack {stack!r} (values not shown). "
+                "`pulumi destroy` does not run the program: it configures the vSphere provider and the "
+                "template's provider with the settings recorded at the last `up` (pulumi/pulumi#18756), so it "
+                "would log in with the old ones.\n"
+                f"  First:  make up STACK={stack}    (a changed login alone changes no resource)\n"
+                f"  Then:   make destroy STACK={stack}"
+            )
         return
     if "environment" in document:
         _say(purpose, f"{stack_file_path(stack).name} imports Pulumi ESC environments: settings are checked by the "

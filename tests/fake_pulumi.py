@@ -18,16 +18,20 @@ first-install path depends on, after the real CLI (pulumi/pulumi pkg/cmd/pulumi)
   provider (the passphrase salt), back into the stack file; an existing file is first renamed to
   `<file>.bak`; a stack that never ran an update has none ("no previous deployment"), as
   newConfigRefreshCmd and backend.GetLatestConfiguration do (pkg/cmd/pulumi/config).
-- `stack export`, `stack import --file F`: the stack's deployment. `stack init` stores none: export
-  prints `"deployment": null` (pkg/backend/diy/backend.go CreateStack, ExportDeployment); import
-  refuses a resource of another stack (pkg/cmd/pulumi/stack/stack_import.go, SaveSnapshot).
+- `stack export [--show-secrets]`, `stack import --file F`: the stack's deployment. `stack init`
+  stores none: export prints `"deployment": null` (pkg/backend/diy/backend.go CreateStack,
+  ExportDeployment); import refuses a resource of another stack (pkg/cmd/pulumi/stack/
+  stack_import.go, SaveSnapshot). A secret is exported as apitype.SecretV1: ciphertext, or with
+  --show-secrets its value as JSON in `plaintext`.
 - `up`, `preview`: run the project's real program under Pulumi's mock engine
   (components.offline.run_program) with the stack file's settings, the decrypted secrets and the
   stack's deployment as its previous state (None: no deployment, components.offline.LabMocks), so
   every check the program makes before registering resources runs as under `pulumi up`; an error is
   printed and the exit status is 255, like the real CLI's; an engine panic (EnginePanic) exits 2,
   as a Go panic does. No provider is contacted. A successful `up` records the settings it ran with
-  as the stack's last update, and its resources as the stack's deployment.
+  as the stack's last update, and its resources as the stack's deployment, with the default vSphere
+  provider configured from the stack's `vsphere:*` settings (pkg/resource/deploy/target.go
+  GetPackageConfig: the namespace stripped, strings, secrets kept secret).
 - `destroy`, `version`.
 """
 
@@ -208,7 +212,10 @@ def cmd_stack(positional: list[str], options: dict[str, str | bool]) -> None:
         print(f"Created stack '{name}'")
     elif sub == "export":
         name = current_stack(options)
-        print(json.dumps({"version": 3, "deployment": existing[name].get("deployment")}))
+        deployment = existing[name].get("deployment")
+        if options.get("show-secrets"):
+            require_secrets_key(name)
+        print(json.dumps({"version": 3, "deployment": exported(deployment, bool(options.get("show-secrets")))}))
     elif sub == "import":
         name = current_stack(options)
         require_secrets_key(name)
@@ -227,6 +234,33 @@ def cmd_stack(positional: list[str], options: dict[str, str | bool]) -> None:
         save("selected.json", {**load("selected.json", {}), require_backend(): name})
     else:
         fail(f"fake pulumi: `stack {sub}` is not modelled")
+
+
+SECRET_SIG_KEY, SECRET_SIG = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270"
+
+
+def exported(value: Any, show_secrets: bool) -> Any:
+    """The fake keeps a secret as {"secret": value}; export writes apitype.SecretV1."""
+    if isinstance(value, dict) and set(value) == {"secret"}:
+        if show_secrets:
+            return {SECRET_SIG_KEY: SECRET_SIG, "plaintext": json.dumps(value["secret"])}
+        return {SECRET_SIG_KEY: SECRET_SIG, "ciphertext": "v1:fake:" + hashlib.sha256(
+            json.dumps(value["secret"]).encode()).hexdigest()[:16]}
+    if isinstance(value, dict):
+        return {k: exported(v, show_secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [exported(v, show_secrets) for v in value]
+    return value
+
+
+def default_vsphere_provider(stack: str, config: dict[str, Any], secret_keys: set[str]) -> dict[str, Any]:
+    inputs: dict[str, Any] = {"version": "4.13.1"}
+    for key, value in config.items():
+        if key.startswith("vsphere:"):
+            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+            inputs[key.split(":", 1)[1]] = {"secret": text} if key in secret_keys else text
+    return {"urn": f"urn:pulumi:{stack}::labs-k8s::pulumi:providers:vsphere::default_4_13_1", "custom": True,
+            "id": "fake-provider-id", "type": "pulumi:providers:vsphere", "inputs": inputs}
 
 
 def cmd_config(positional: list[str], options: dict[str, str | bool]) -> None:
@@ -280,6 +314,11 @@ def cmd_config(positional: list[str], options: dict[str, str | bool]) -> None:
         fail(f"fake pulumi: `config {sub}` is not modelled")
 
 
+def secret_config_keys(stack: str) -> set[str]:
+    return {key for key, value in (read_document(stack).get("config") or {}).items()
+            if isinstance(value, dict) and set(value) == {"secure"}}
+
+
 def decrypted_config(stack: str) -> dict[str, Any]:
     vault = load("secrets.json", {})
     config = dict(read_document(stack).get("config") or {})
@@ -321,8 +360,9 @@ def cmd_run(command: str, options: dict[str, str | bool]) -> None:
         existing = stacks()
         existing[stack]["lastUpdate"] = read_document(stack)
         existing[stack]["deployment"] = {"manifest": {}, "resources": [
-            {"urn": urn, "type": entry["type"], "outputs": entry["outputs"]}
-            for urn, entry in run.previous_state().items()]}
+            default_vsphere_provider(stack, config, secret_config_keys(stack)),
+            *({"urn": urn, "type": entry["type"], "outputs": entry["outputs"]}
+              for urn, entry in run.previous_state().items())]}
         save_stacks(existing)
     print(f"Resources:\n    + {len(run.registrations)} to create (fake {command}: recorded, nothing sent)")
 

@@ -170,6 +170,32 @@ def test_destroy_reads_vcenter_first_so_a_vm_already_gone_does_not_stop_it(sandb
     assert sandbox.calls()[-1] == ["destroy", "--stack", STACK, "--refresh"]
 
 
+@pytest.mark.parametrize(("change", "key"), [
+    (f"printf 'rotated-pw' | pulumi config set --stack {STACK} --secret vsphere:password", "vsphere:password"),
+    (f"pulumi config set --stack {STACK} vsphere:user other@vsphere.local", "vsphere:user"),
+], ids=["password-rotated", "user-changed"])
+def test_destroy_after_a_changed_vcenter_login_says_an_up_comes_first(sandbox, change, key):
+    """`pulumi destroy` configures the providers with the inputs the last `up` recorded
+    (pulumi/pulumi providers/registry.go Registry.Same; #18740 reverted by #18756): with a changed
+    login it would log in with the old one. The fake's state records the default vSphere provider's
+    inputs as the engine does (tests/fake_pulumi.py)."""
+    ready_stack(sandbox)
+    assert sandbox.make("up", f"STACK={STACK}").returncode == 0
+    assert sandbox.run(change + "\n").returncode == 0
+    refused = sandbox.make("destroy", f"STACK={STACK}")
+    assert refused.returncode != 0
+    assert f"{key} changed since the last `up` of stack '{STACK}'" in refused.stderr
+    assert f"make up STACK={STACK}" in refused.stderr and "#18756" in refused.stderr
+    assert "destroy" not in sandbox.commands()
+    assert "hunter2" not in refused.stderr + refused.stdout and "rotated-pw" not in refused.stderr + refused.stdout
+    assert not any("hunter2" in arg or "rotated-pw" in arg for argv in sandbox.calls() for arg in argv)
+
+    assert sandbox.make("up", f"STACK={STACK}").returncode == 0  # records the new login
+    done = sandbox.make("destroy", f"STACK={STACK}")
+    assert done.returncode == 0, done.stderr
+    assert sandbox.calls()[-1] == ["destroy", "--stack", STACK, "--refresh"]
+
+
 def test_the_stack_file_must_exist(sandbox):
     sandbox.run("pulumi login --local\n")
     result = sandbox.make("up", "STACK=nowhere", PULUMI_CONFIG_PASSPHRASE="x")
