@@ -419,6 +419,22 @@ def stack_config(
     return {k: _config_value(v) for k, v in raw.items()}, secret_keys
 
 
+def default_provider_inputs(config: Mapping[str, Any], secret_keys: set[str] | frozenset[str]) -> dict[str, Any]:
+    """The inputs the engine records for the default providers of a run with this stack config
+    (pulumi/pulumi pkg/resource/deploy/target.go Target.GetPackageConfig): the `vsphere` provider
+    gets its own namespace's keys without the namespace; a dynamic provider (`pulumi-python`, the
+    template's and the clone sources') gets every key, namespace kept. Values are strings; a
+    secret is {"secret": value}. `VSPHERE_*` variables are no config: they are in no input."""
+    def value(key: str, raw: Any) -> Any:
+        text = ("true" if raw else "false") if isinstance(raw, bool) else _config_value(raw)
+        return {"secret": text} if key in secret_keys else text
+
+    return {
+        "vsphere": {k.split(":", 1)[1]: value(k, v) for k, v in config.items() if k.startswith("vsphere:")},
+        "pulumi-python": {k: value(k, v) for k, v in config.items()},
+    }
+
+
 # --------------------------------------------------------------------------- running
 
 

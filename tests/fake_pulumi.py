@@ -254,11 +254,9 @@ def exported(value: Any, show_secrets: bool) -> Any:
 
 
 def default_vsphere_provider(stack: str, config: dict[str, Any], secret_keys: set[str]) -> dict[str, Any]:
-    inputs: dict[str, Any] = {"version": "4.13.1"}
-    for key, value in config.items():
-        if key.startswith("vsphere:"):
-            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-            inputs[key.split(":", 1)[1]] = {"secret": text} if key in secret_keys else text
+    from components.offline import default_provider_inputs
+
+    inputs = {"version": "4.13.1", **default_provider_inputs(config, secret_keys)["vsphere"]}
     return {"urn": f"urn:pulumi:{stack}::labs-k8s::pulumi:providers:vsphere::default_4_13_1", "custom": True,
             "id": "fake-provider-id", "type": "pulumi:providers:vsphere", "inputs": inputs}
 

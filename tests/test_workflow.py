@@ -325,3 +325,48 @@ def test_the_comment_is_posted_by_trusted_code_only(render_diff: dict[str, Any],
     for step in steps:
         # Only the standard library's python3: nothing the pull request pinned is installed here.
         assert "make" not in step.get("run", "").split() and "pip" not in step.get("run", "")
+
+
+# --------------------------------------------------------------------------- what the docs say of the state
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(heading, 1)[1].split("\n#", 1)[0]
+
+
+def test_the_default_providers_update_line_is_explained() -> None:
+    """A person's `up` (Pulumi.labs.yaml with the README's step-5 `vsphere:*` login) and the
+    preview job (the same file, the login in `VSPHERE_*`) give the default providers different
+    inputs (components.offline.default_provider_inputs, after the engine's GetPackageConfig):
+    docs/pull-requests.md names each key that differs, for both providers."""
+    from components.offline import default_provider_inputs, stack_config
+
+    ci, ci_secrets = stack_config("labs")
+    for key in ("vsphere:vsphereServer", "vsphere:user", "vsphere:password"):
+        ci.pop(key, None)  # not in the committed file: the job passes VSPHERE_*
+    person = {**ci, "vsphere:vsphereServer": "vcenter.example.com", "vsphere:user": "labs-k8s@vsphere.local",
+              "vsphere:password": "hunter2"}
+    up = default_provider_inputs(person, {*ci_secrets, "vsphere:password"})
+    preview = default_provider_inputs(ci, set(ci_secrets))
+    section = _section((REPO / "docs" / "pull-requests.md").read_text(), "### The default providers' `update` lines")
+    for provider in ("vsphere", "pulumi-python"):
+        differ = {k for k in up[provider].keys() | preview[provider].keys()
+                  if up[provider].get(k) != preview[provider].get(k)}
+        assert differ, provider
+        assert f"`pulumi:providers:{provider}`" in section
+        for key in differ:
+            assert f"`{key.rsplit(':', 1)[-1]}`" in section, (provider, key)
+    assert "VSPHERE_*" in section and "GetPackageConfig" in section
+
+
+def test_the_secrets_section_says_the_state_keeps_every_stack_secret() -> None:
+    """The dynamic providers' default provider records every config key, secrets included: the
+    README's secrets section says so, naming each secret a stack file holds."""
+    from components.offline import REQUIRED_SECRETS, default_provider_inputs
+
+    recorded = default_provider_inputs({key: "x" for key in REQUIRED_SECRETS}, set(REQUIRED_SECRETS))["pulumi-python"]
+    assert set(recorded) == set(REQUIRED_SECRETS) and all(v == {"secret": "x"} for v in recorded.values())
+    section = _section((REPO / "README.md").read_text(), "### Secrets and settings: what is committed")
+    assert "pulumi:providers:pulumi-python" in section
+    for key in REQUIRED_SECRETS:
+        assert f"`{key}`" in section, key
