@@ -245,7 +245,8 @@ def initial_deployment(stack: str, now: datetime | None = None) -> dict[str, Any
 
 def give_initial_deployment(stack: str, purpose: str) -> None:
     """Idempotent: only a stack whose `pulumi stack export` shows no deployment (`null`, what
-    diy/backend.go ExportDeployment prints for a stack `stack init` made) gets one."""
+    diy/backend.go ExportDeployment prints for a stack `stack init` made) or one without any
+    resource (what a `pulumi destroy` leaves) gets one; nothing is lost by replacing either."""
     exported = _pulumi("stack", "export", "--stack", stack)
     if exported.returncode != 0:
         raise CheckFailed(f"`pulumi stack export --stack {stack}` failed: {_first_line(exported.stderr)}")
@@ -253,7 +254,7 @@ def give_initial_deployment(stack: str, purpose: str) -> None:
         deployment = json.loads(exported.stdout or "{}").get("deployment")
     except (json.JSONDecodeError, AttributeError):
         raise CheckFailed(f"`pulumi stack export --stack {stack}` did not print a deployment") from None
-    if deployment is not None:
+    if deployment is not None and (not isinstance(deployment, dict) or deployment.get("resources")):
         return
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="labs-k8s-initial-") as file:
         json.dump(initial_deployment(stack), file)

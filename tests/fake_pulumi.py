@@ -32,7 +32,7 @@ first-install path depends on, after the real CLI (pulumi/pulumi pkg/cmd/pulumi)
   as the stack's last update, and its resources as the stack's deployment, with the default vSphere
   provider configured from the stack's `vsphere:*` settings (pkg/resource/deploy/target.go
   GetPackageConfig: the namespace stripped, strings, secrets kept secret).
-- `destroy`, `version`.
+- `destroy` (leaves a deployment without resources), `version`.
 """
 
 from __future__ import annotations
@@ -332,6 +332,11 @@ def decrypted_config(stack: str) -> dict[str, Any]:
 def cmd_run(command: str, options: dict[str, str | bool]) -> None:
     stack = current_stack(options)
     if command == "destroy":
+        # What a destroy leaves: a deployment without resources.
+        existing = stacks()
+        if existing[stack].get("deployment") is not None:
+            existing[stack]["deployment"] = {"manifest": {}, "resources": []}
+            save_stacks(existing)
         print(f"Destroying (fake) stack {stack}\nResources:\n    0 deleted")
         return
     config = decrypted_config(stack)

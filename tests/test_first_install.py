@@ -287,6 +287,10 @@ def test_the_first_up_of_a_new_self_managed_stack_does_not_crash_the_cli(sandbox
     again = sandbox.make("up", "STACK=second", **phrase)
     assert again.returncode == 0, again.stderr
     assert len([c for c in sandbox.calls() if c[:2] == ["stack", "import"]]) == 1  # idempotent
+    # A destroy leaves an empty deployment: the next `make up` gives it the initial one again.
+    assert sandbox.make("destroy", "STACK=second", **phrase).returncode == 0
+    assert sandbox.make("up", "STACK=second", **phrase).returncode == 0
+    assert len([c for c in sandbox.calls() if c[:2] == ["stack", "import"]]) == 2
 
 
 def test_pulumi_cloud_stacks_get_no_initial_deployment(sandbox):
