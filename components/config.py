@@ -42,6 +42,7 @@ TOP_LEVEL_KEYS = (
     "antiAffinity",
     "mirrors",
     "preflight",
+    "previousState",
 )
 
 # Minors this program knows how to install: the kubeadm API version and the containerd
@@ -233,6 +234,12 @@ class PreflightConfig(_Model):
     kubernetes_packages_url: str = "https://pkgs.k8s.io/core:/stable:"
 
 
+class PreviousStateConfig(_Model):
+    # What a run does when the last deployment's state cannot be read (components/previous_state.py):
+    # "fail" stops before anything is registered; "ignore", for one run, goes on without it.
+    unreadable: Literal["fail", "ignore"] = "fail"
+
+
 # VMware's range for manually assigned MACs: 00:50:56:00:00:00-00:50:56:3F:FF:FF. vCenter
 # refuses a static MAC with VMware's OUI outside it (the rest is for generated MACs).
 VMWARE_MANUAL_MAC_PREFIX = "00:50:56"
@@ -289,6 +296,7 @@ class LabConfig(_Model):
     anti_affinity: AntiAffinityConfig = AntiAffinityConfig()
     mirrors: MirrorsConfig = MirrorsConfig()
     preflight: PreflightConfig = PreflightConfig()
+    previous_state: PreviousStateConfig = PreviousStateConfig()
 
     def role_config(self, role: Role) -> RoleConfig:
         return {

@@ -170,6 +170,32 @@ def test_destroy_reads_vcenter_first_so_a_vm_already_gone_does_not_stop_it(sandb
     assert sandbox.calls()[-1] == ["destroy", "--stack", STACK, "--refresh"]
 
 
+@pytest.mark.parametrize(("change", "key"), [
+    (f"printf 'rotated-pw' | pulumi config set --stack {STACK} --secret vsphere:password", "vsphere:password"),
+    (f"pulumi config set --stack {STACK} vsphere:user other@vsphere.local", "vsphere:user"),
+], ids=["password-rotated", "user-changed"])
+def test_destroy_after_a_changed_vcenter_login_says_an_up_comes_first(sandbox, change, key):
+    """`pulumi destroy` configures the providers with the inputs the last `up` recorded
+    (pulumi/pulumi providers/registry.go Registry.Same; #18740 reverted by #18756): with a changed
+    login it would log in with the old one. The fake's state records the default vSphere provider's
+    inputs as the engine does (tests/fake_pulumi.py)."""
+    ready_stack(sandbox)
+    assert sandbox.make("up", f"STACK={STACK}").returncode == 0
+    assert sandbox.run(change + "\n").returncode == 0
+    refused = sandbox.make("destroy", f"STACK={STACK}")
+    assert refused.returncode != 0
+    assert f"{key} changed since the last `up` of stack '{STACK}'" in refused.stderr
+    assert f"make up STACK={STACK}" in refused.stderr and "#18756" in refused.stderr
+    assert "destroy" not in sandbox.commands()
+    assert "hunter2" not in refused.stderr + refused.stdout and "rotated-pw" not in refused.stderr + refused.stdout
+    assert not any("hunter2" in arg or "rotated-pw" in arg for argv in sandbox.calls() for arg in argv)
+
+    assert sandbox.make("up", f"STACK={STACK}").returncode == 0  # records the new login
+    done = sandbox.make("destroy", f"STACK={STACK}")
+    assert done.returncode == 0, done.stderr
+    assert sandbox.calls()[-1] == ["destroy", "--stack", STACK, "--refresh"]
+
+
 def test_the_stack_file_must_exist(sandbox):
     sandbox.run("pulumi login --local\n")
     result = sandbox.make("up", "STACK=nowhere", PULUMI_CONFIG_PASSPHRASE="x")
@@ -238,6 +264,39 @@ def test_a_complete_stack_reaches_pulumi_up(sandbox):
     text = sandbox.stack_file(STACK).read_text()
     assert "hunter2" not in text and "PRIVATE KEY" not in text
     assert yaml.safe_load(text)["config"]["vsphere:password"]["secure"].startswith("v1:")
+
+
+def test_the_first_up_of_a_new_self_managed_stack_does_not_crash_the_cli(sandbox):
+    """The README's self-managed path (`pulumi login --local`, `pulumi stack init`, `make up`): the
+    stack has no deployment, and asking the engine for its resources panics the real CLI
+    (components/previous_state.py). `make up` gives it an initial deployment once; a bare
+    `pulumi preview`/`pulumi up` on such a stack does not crash either."""
+    phrase = {"PULUMI_CONFIG_PASSPHRASE": "correct horse"}
+    ready_stack(sandbox, backend="local")
+    bare = sandbox.run(f"pulumi preview --stack {STACK}\npulumi up --stack {STACK}\n", **phrase)
+    assert bare.returncode == 0, bare.stderr
+    assert "panic" not in bare.stderr
+
+    sandbox.run(f"cp Pulumi.{STACK}.yaml Pulumi.second.yaml\nsed -i '/encryptionsalt/d' Pulumi.second.yaml\n"
+                "pulumi stack init second\n", **phrase)
+    first = sandbox.make("up", "STACK=second", **phrase)
+    assert first.returncode == 0, first.stderr
+    assert "make up: gave stack 'second' its initial deployment" in first.stdout
+    imports = [c for c in sandbox.calls() if c[:2] == ["stack", "import"]]
+    assert len(imports) == 1 and sandbox.calls()[-1] == ["up", "--stack", "second"]
+    again = sandbox.make("up", "STACK=second", **phrase)
+    assert again.returncode == 0, again.stderr
+    assert len([c for c in sandbox.calls() if c[:2] == ["stack", "import"]]) == 1  # idempotent
+    # A destroy leaves an empty deployment: the next `make up` gives it the initial one again.
+    assert sandbox.make("destroy", "STACK=second", **phrase).returncode == 0
+    assert sandbox.make("up", "STACK=second", **phrase).returncode == 0
+    assert len([c for c in sandbox.calls() if c[:2] == ["stack", "import"]]) == 2
+
+
+def test_pulumi_cloud_stacks_get_no_initial_deployment(sandbox):
+    ready_stack(sandbox)
+    assert sandbox.make("up", f"STACK={STACK}").returncode == 0
+    assert "stack export" not in sandbox.commands() and "stack import" not in sandbox.commands()
 
 
 def test_a_private_key_with_a_passphrase_stops_up_before_anything_is_built(sandbox):
