@@ -46,9 +46,11 @@ def test_ci_runs_the_readme_test_command():
     assert "CI=true" in run
 
 
-def test_make_up_runs_pulumi_up_on_the_labs_stack():
+def test_make_up_runs_pulumi_up_on_the_stack_it_is_given():
     makefile = (REPO_ROOT / "Makefile").read_text()
-    assert "STACK ?= labs" in makefile
+    # No default: a forgotten `export STACK` must not create the example stack (tests/test_first_install.py).
+    assert re.search(r"^STACK \?=$", makefile, flags=re.M)
+    assert re.search(r"^up: stack-named venv$", makefile, flags=re.M)
     # Its recipe's last line hands over to the CLI (after the checks of components/first_run.py).
     assert re.search(r"^up: .*\n(?:\t.*\n)*?\tpulumi up --stack \$\(STACK\)$", makefile, flags=re.M)
 
@@ -160,6 +162,9 @@ def test_the_readme_first_lab_run_in_order_reaches_pulumi_up(tmp_path, variant):
     # Step 4's roles for the vCenter administrator come from the file the user just edited.
     assert "govc role.create labs-k8s-read StorageProfile.View" in result.stdout
     assert "-propagate=true /DC-Berlin/vm/labs-k8s" in result.stdout
+    # ... and are granted to the account step 5 set, not to a placeholder left for the reader.
+    assert "$PRINCIPAL" not in result.stdout
+    assert re.search(r"govc permissions.set -principal labs-k8s@vsphere.local ", result.stdout), result.stdout
     document = (box.repo / "Pulumi.mysite.yaml").read_text()
     assert "DC-Berlin" in document and "hunter2" not in document and "PRIVATE KEY" not in document
     assert ("encryptionsalt:" in document) == (variant == "self-managed")
@@ -215,3 +220,90 @@ def test_the_site_checklist_names_every_setting_a_site_changes():
     assert not unlisted, f"README \"What to change for your site\" does not say what these must be: {unlisted}"
     assert not [key for key in SAME_AT_EVERY_SITE if key not in leaves], "a key kept as it is, not in the example"
     assert not [key for key in SAME_AT_EVERY_SITE if listed(key)], "a key both listed and kept as it is"
+
+
+# --------------------------------------------------------------------------- after `make up` (issue 24)
+
+
+def test_the_readme_kubeconfig_is_private_and_outside_the_checkout(tmp_path):
+    """The README wrote the cluster-admin kubeconfig into the checkout, world-readable and not
+    ignored by git. Its lines, run verbatim with a umask of 022 and stand-ins for the two CLIs."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = re.search(r"<!-- kubeconfig -->\n```sh\n(.*?)```", readme, flags=re.S).group(1)
+    box = Sandbox(tmp_path, with_cli=False)
+    (box.bin / "pulumi").write_text("#!/bin/sh\necho 'apiVersion: v1  # client-key-data: SECRET'\n")
+    (box.bin / "kubectl").write_text("#!/bin/sh\necho \"kubectl $*\"\n")
+    for tool in ("pulumi", "kubectl"):
+        (box.bin / tool).chmod(0o755)
+    before = set(box.repo.rglob("*"))
+    result = box.run("umask 022\n" + block, STACK="mysite")
+    assert result.returncode == 0, result.stderr
+    written = box.home / ".kube" / "labs-k8s-mysite"
+    assert "SECRET" in written.read_text()
+    assert written.stat().st_mode & 0o777 == 0o600
+    assert f"kubectl --kubeconfig {written} get nodes" in result.stdout
+    assert set(box.repo.rglob("*")) == before  # nothing new in the checkout
+    # The shell's own umask is left as it was for what the user runs next.
+    after = box.run("umask 022\n" + block + "umask\n", STACK="mysite")
+    assert after.stdout.strip().endswith("0022")
+
+
+def test_the_datastore_size_in_the_prerequisites_is_what_preflight_asks_for():
+    """The prerequisites' figure is preflight's own sum for the example (components/vsphere/preflight.py
+    _check_datastore: eager-zeroed disks + swap files, plus the margin)."""
+    from components.config import NAMESPACE, load_lab_config
+    from components.offline import PLACEHOLDER_PUBLIC_KEY
+    from components.preflight import preflight_spec
+
+    config = yaml.safe_load((REPO_ROOT / "Pulumi.labs.yaml").read_text())["config"]
+    raw = {key[len(NAMESPACE) + 1:]: value for key, value in config.items() if key.startswith(f"{NAMESPACE}:")}
+    raw["ssh"] = {**raw["ssh"], "publicKey": PLACEHOLDER_PUBLIC_KEY}
+    spec = preflight_spec(load_lab_config(raw), "labs")
+    disks = sum(sum(vm.disk_gib) for vm in spec.vms)
+    swap = sum(vm.memory_mib for vm in spec.vms) / 1024
+    needed = round((disks + swap) * (1 + spec.free_space_margin))
+    prerequisites = (REPO_ROOT / "README.md").read_text().split("## Prerequisites", 1)[1].split("\n## ", 1)[0]
+    text = " ".join(prerequisites.split())
+    assert f"about {needed} GiB free" in text
+    assert f"{disks} GiB of disks" in text and f"{swap:.0f} GiB of VM swap files" in text
+    assert f"{spec.free_space_margin:.0%} margin" in text.replace(" %", "%")
+
+
+def _ca_section() -> str:
+    runbook = (REPO_ROOT / "docs" / "runbook.md").read_text()
+    return runbook.split("### Trusting the vCenter certificate", 1)[1].split("\n### ", 1)[0]
+
+
+def test_the_ca_how_to_uses_only_what_step_one_installs(tmp_path):
+    """`unzip` is not in README step 1: the how-to unpacks vCenter's download.zip with python3,
+    and its extraction line, run on an archive laid out as vCenter's (certs/lin/<hash>.0,
+    certs/mac/..., certs/win/...), yields the Linux CA files the next line copies."""
+    import zipfile
+
+    section = _ca_section()
+    linux = re.findall(r"```sh\n(.*?)```", section, flags=re.S)[0]
+    assert not [block for block in re.findall(r"```sh\n(.*?)```", section, flags=re.S) if "unzip" in block]
+    extract = next(line for line in linux.splitlines() if "zipfile" in line)
+    with zipfile.ZipFile(tmp_path / "vcenter-certs.zip", "w") as archive:
+        for name in ("certs/lin/1a2b3c4d.0", "certs/lin/1a2b3c4d.r0", "certs/mac/1a2b3c4d.0", "certs/win/1a2b.crt"):
+            archive.writestr(name, "-----BEGIN X509 CRL or CERTIFICATE-----\n")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", extract], cwd=tmp_path, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "certs" / "lin" / "1a2b3c4d.0").is_file()
+
+
+def test_the_ca_how_to_gives_the_macos_path():
+    """On macOS Go verifies against the Keychain and ignores SSL_CERT_FILE (crypto/x509
+    root_darwin.go), while Python's ssl reads OpenSSL's files, never the Keychain: two steps."""
+    section = _ca_section()
+    assert "security add-trusted-cert" in section and "/Library/Keychains/System.keychain" in section
+    assert "SSL_CERT_FILE" in section.split("On macOS", 1)[1]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/runbook.md", "docs/drills.md", "docs/troubleshooting.md"])
+def test_a_users_command_blocks_name_their_stack_not_the_example(doc):
+    """Copied as they are, `--stack labs` lines act on the example stack, not the reader's site
+    (docs/pull-requests.md describes the workflow's own `labs` stack and keeps it)."""
+    hard_coded = [line for line in code_lines(REPO_ROOT / doc) if re.search(r"--stack labs\b", line)]
+    assert not hard_coded, f"{doc}: use --stack \"$STACK\": {hard_coded}"
