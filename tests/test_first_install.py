@@ -73,7 +73,7 @@ LATER_STEPS_NEED = {
     "git": "command -v git",  # step 1: the clone
     "make": "command -v make",  # make venv, make up
     "python3 -m venv": "python3 -m venv /tmp/first-lab-venv && /tmp/first-lab-venv/bin/pip --version",
-    "ssh-keygen": "command -v ssh-keygen",  # step 5: the lab's key pair
+    "ssh-keygen": "command -v ssh-keygen",  # step 6: the lab's key pair
     "xorriso": "command -v xorriso",  # the template build remasters the installer ISO on this machine
 }
 
@@ -247,6 +247,9 @@ def test_a_private_key_with_a_passphrase_stops_up_before_anything_is_built(sandb
     result = sandbox.make("up", f"STACK={STACK}")
     assert result.returncode != 0
     assert "labs-k8s:sshPrivateKey: the private key is protected by a passphrase" in result.stderr
+    # The real reason (pulumi-command has privateKeyPassword and agents), not "cannot type it".
+    assert "cannot type" not in result.stderr
+    assert "passes no privateKeyPassword to pulumi-command" in result.stderr
     assert "ssh-keygen -t ed25519 -N ''" in result.stderr
     assert "nothing was created" in result.stderr
 

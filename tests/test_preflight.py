@@ -97,8 +97,9 @@ def small_disks(lab: LabConfig, gib: int = 1) -> LabConfig:
 def test_too_small_datastore_fails(with_folder, lab_config, monkeypatch):
     sim = with_folder(hosts=3)
     huge = lab_config.template.model_copy(update={"disk_gib": 10_000_000})
-    with pytest.raises(pulumi.RunError, match=r"\[datastore\].*eager-zeroed"):
+    with pytest.raises(pulumi.RunError, match=r"\[datastore\].*eager-zeroed") as caught:
         run_preflight(inputs_for(sim, lab_on(sim, lab_config.model_copy(update={"template": huge})), monkeypatch))
+    assert "pick a bigger datastore (labs-k8s:vsphere.datastore)" in str(caught.value)  # the key, not only the name
 
 
 def test_three_host_cluster_passes(with_folder, lab_config, monkeypatch):

@@ -210,7 +210,8 @@ def _check_datastore(
             f"datastore {datastore.name!r} has {summary.freeSpace / GiB:.1f} GiB free, but the stack needs "
             f"{required / GiB:.1f} GiB more ({disks / GiB:.0f} GiB of eager-zeroed disks, which are fully "
             f"allocated at clone time, + {swap / GiB:.1f} GiB of VM swap files + "
-            f"{spec.free_space_margin:.0%} margin{existing}). Free space, pick a bigger datastore, or shrink the disks",
+            f"{spec.free_space_margin:.0%} margin{existing}). Free space, pick a bigger datastore "
+            "(labs-k8s:vsphere.datastore), or shrink the disks",
         )
     mounted = [props["name"] for _, props in hosts if datastore in (props.get("datastore") or [])]
     unmounted = sorted(props["name"] for _, props in hosts if props["name"] not in mounted)
