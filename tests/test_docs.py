@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -307,3 +308,69 @@ def test_a_users_command_blocks_name_their_stack_not_the_example(doc):
     (docs/pull-requests.md describes the workflow's own `labs` stack and keeps it)."""
     hard_coded = [line for line in code_lines(REPO_ROOT / doc) if re.search(r"--stack labs\b", line)]
     assert not hard_coded, f"{doc}: use --stack \"$STACK\": {hard_coded}"
+
+
+# --------------------------------------------------------------------------- docs/architecture.md's graph (issue 24)
+
+# The shape diagram's boxes, as the resources of the committed stack each stands for.
+SHAPE_GROUPS = {
+    "T": r"golden-template", "CS": r".*-clone-source", "VM": r"labs-k8s-(lb|m|w)\d+", "AA": r".*-anti-affinity",
+    "R": r".*-ready", "NS": r".*-node-settings", "LB": r".*-lb-setup", "P1": r"labs-k8s-m01-prepare",
+    "P": r"labs-k8s-(m0[2-9]|w\d+)-prepare", "I": r"labs-k8s-m01-kubeadm-init",
+    "L1": r"labs-k8s-m01-leave-cluster", "L2": r"labs-k8s-m02-leave-cluster", "L3": r"labs-k8s-m03-leave-cluster",
+    "LW": r"labs-k8s-w\d+-leave-cluster", "F1": r"labs-k8s-m01-refresh-join-material",
+    "F2": r"labs-k8s-m02-refresh-join-material", "F3": r"labs-k8s-m03-refresh-join-material",
+    "FW": r"labs-k8s-w\d+-refresh-join-material", "J1": r"labs-k8s-m01-kubeadm-join",
+    "J2": r"labs-k8s-m02-kubeadm-join", "J3": r"labs-k8s-m03-kubeadm-join", "JW": r"labs-k8s-w\d+-kubeadm-join",
+    "U1": r"labs-k8s-m01-upgrade", "U2": r"labs-k8s-m02-upgrade", "U3": r"labs-k8s-m03-upgrade",
+    "UD": r"labs-k8s-w\d+-upgrade-drain", "UW": r"labs-k8s-w\d+-upgrade", "UU": r"labs-k8s-w\d+-upgrade-uncordon",
+    "TG": r"teardown-guard", "FL": r"flannel", "KC": r"kubeconfig", "V": r"verify-cluster",
+}
+NOT_DRAWN = {"bootstrap-token-id", "bootstrap-token-secret", "certificate-key", "vrrp-password"}
+
+
+def _architecture() -> str:
+    return (REPO_ROOT / "docs" / "architecture.md").read_text()
+
+
+def _shape_edges() -> list[tuple[str, str, str]]:
+    """(source, target, label) of every arrow; a label such as `m01's` names the one member meant."""
+    block = re.search(r"## The dependency graph.*?```mermaid\n(.*?)```", _architecture(), flags=re.S).group(1)
+    edges = []
+    for line in block.splitlines()[1:]:
+        parts = [re.match(r"\s*(?:\|([^|]*)\|)?\s*([A-Z]\w*)", part).groups() for part in line.split("-->")]
+        edges += [(a[1], b[1], b[0] or "") for a, b in itertools.pairwise(parts)]
+    return edges
+
+
+def test_the_architecture_diagram_draws_real_dependencies(offline_run):
+    """It showed no upgrade steps and all five prepares gating init (only m01's does)."""
+    custom = {reg.urn: reg for reg in offline_run.registrations.values() if reg.custom}
+    names = {urn: reg.name for urn, reg in custom.items()}
+    members = {box: {n for n in names.values() if re.fullmatch(pattern, n)} for box, pattern in SHAPE_GROUPS.items()}
+    assert all(members.values()), [box for box, found in members.items() if not found]
+    drawn = {n for found in members.values() for n in found}
+    assert set(names.values()) - drawn == NOT_DRAWN, "a resource the diagram does not show"
+    deps = {reg.name: {names[d] for d in reg.dependencies if d in names} for reg in custom.values()}
+    edges = _shape_edges()
+    assert {box for source, target, _ in edges for box in (source, target)} == set(SHAPE_GROUPS)
+    for source, target, label in edges:
+        for resource in members[target]:
+            assert deps[resource] & members[source], f"{source} --> {target}: {resource} depends on no {source}"
+        if len(members[target]) == 1:  # into one step from a group: every member gates it, or the one named
+            (resource,) = members[target]
+            meant = {m for m in members[source] if f"-{label.removesuffix(chr(39) + 's')}-" in m} if label else set()
+            assert not label or len(meant) == 1, f"{source} -->|{label}| {target}: names no single member"
+            gating = meant or members[source]
+            assert gating <= deps[resource], f"{source} --> {target}: not all of {gating} gate {resource}"
+
+
+def test_the_architecture_depth_is_the_programs(offline_run, run_with, lab_namespace):
+    from components.render_cli import graph_depth
+
+    depth = graph_depth(offline_run)
+    stated = re.search(r"Its depth is (\d+) resources whatever the worker count", _architecture())
+    assert stated and int(stated.group(1)) == depth
+    workers = lab_namespace["nodes"]["workers"]["hosts"]
+    workers += [{"name": f"labs-k8s-w{i:02}", "ip": f"10.3.60.{70 + i}"} for i in range(3, 11)]
+    assert graph_depth(run_with(nodes=lab_namespace["nodes"])) == depth  # ten workers: the same
