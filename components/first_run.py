@@ -298,6 +298,10 @@ def run_checks(stack: str, purpose: str) -> None:
         if commands:
             lines.append(f"stack {stack!r} is missing settings the lab needs. Set them (README, \"Your first lab\"):")
             lines += [f"    {c}" for c in commands]
+            if stack == EXAMPLE_STACK:
+                lines.append("  These write into the committed example Pulumi.labs.yaml: only in a throw-away checkout "
+                             "(as .github/workflows/preview.yml does), never committed; a site uses its own stack "
+                             "(README, \"Your first lab\", step 3)")
         if problems:
             lines.append(f"{stack_file_path(stack).name} has {len(problems)} problem(s); nothing was created:")
             lines += [f"  - {p}" for p in problems]

@@ -512,3 +512,16 @@ def test_a_virtualenv_made_by_python_310_is_made_again(tmp_path):
     # Made once: the next run keeps it.
     again = box.make("venv", "PYTHON=python3.11")
     assert again.returncode == 0 and "removing" not in again.stderr
+
+
+def test_the_existing_example_stack_is_told_its_secrets_would_land_in_the_committed_file(sandbox):
+    """The pull-request workflow's `labs` stack exists in its backend; `make preview STACK=labs` on a
+    workstation then asks for secrets, which `config set` would write into the tracked example."""
+    sandbox.run("pulumi login\n", PULUMI_ACCESS_TOKEN="pul-fake")
+    created = sandbox.run("pulumi stack init labs\n", PULUMI_ACCESS_TOKEN="pul-fake")
+    assert created.returncode == 0, created.stderr
+    result = sandbox.make("preview", "STACK=labs", PULUMI_ACCESS_TOKEN="pul-fake")
+    assert result.returncode != 0
+    assert "pulumi config set --stack labs --secret labs-k8s:sshPrivateKey" in result.stderr
+    assert "These write into the committed example Pulumi.labs.yaml" in result.stderr
+    assert "preview" not in sandbox.commands()
