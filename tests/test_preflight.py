@@ -131,6 +131,14 @@ def test_missing_network_is_named(with_folder, lab_config, monkeypatch):
         run_preflight(inputs_for(sim, lab_on(sim, lab_config, network="k8s-net"), monkeypatch))
 
 
+def test_a_missing_datastore_names_the_key(with_folder, lab_config, monkeypatch):
+    """The placement error listed the datastores vCenter has, but not the setting to change."""
+    sim = with_folder(hosts=3)
+    with pytest.raises(pulumi.RunError, match="no-such-ds") as caught:
+        run_preflight(inputs_for(sim, lab_on(sim, lab_config, datastore="no-such-ds"), monkeypatch))
+    assert "Fix labs-k8s:vsphere.datastore" in str(caught.value)
+
+
 def test_preflight_can_be_switched_off(lab_config, monkeypatch):
     off = lab_config.model_copy(update={"preflight": lab_config.preflight.model_copy(update={"enabled": False})})
 

@@ -332,7 +332,7 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
     datastore = _lookup(
         report,
         "datastore",
-        "Fix the datastore name in the stack configuration.",
+        "Fix labs-k8s:vsphere.datastore in the stack configuration.",
         find_datastore,
         si,
         dc,
