@@ -21,6 +21,7 @@ from components.vsphere.inventory import (
     vm_stack,
 )
 from components.vsphere.session import GiB, collect_properties
+from components.vsphere.subnet import check_node_subnet
 from components.vsphere.template import DEBIAN12_GUEST_ID, GUEST_ID_FALLBACKS, choose_guest_id
 
 MiB = 1024**2
@@ -68,6 +69,7 @@ class PreflightSpec:
     anti_affinity_rules: tuple[AntiAffinityRule, ...] = ()
     drs_required: bool = True  # False: DRS off is a warning instead of an error
     free_space_margin: float = 0.15  # on top of disks + swap: snapshots, logs, growth
+    node_cidr: str = ""  # labs-k8s:network.cidr: warn when the port group's VMs report none inside (subnet.py)
 
 
 @dataclass(frozen=True)
@@ -326,6 +328,8 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
         _check_collisions(report, spec, si)
         return report
     own = _check_collisions(report, spec, si)
+    if spec.node_cidr and (subnet := check_node_subnet(si, spec.network, spec.node_cidr)):
+        report.warn("network", subnet)
     cluster = _lookup(
         report, "cluster", "Fix the cluster name in the stack configuration.", find_cluster, si, dc, spec.cluster
     )
