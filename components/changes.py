@@ -584,6 +584,8 @@ def _add_worker(ns: dict[str, Any]) -> None:
 
 def _remove_worker(ns: dict[str, Any]) -> None:
     _hosts(ns, "workers").pop()
+    # The example has two: one left needs the opt-in (components/config.py, domain_problems); it renders nothing.
+    ns["kubernetes"]["allowSingleWorker"] = True
 
 
 def _move_worker(ns: dict[str, Any]) -> None:

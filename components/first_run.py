@@ -25,6 +25,7 @@ the program itself, which sees them decrypted (components/stack_config.py).
 
 from __future__ import annotations
 
+import difflib
 import hmac
 import json
 import os
@@ -53,6 +54,15 @@ CLI_TIMEOUT_S = 120
 # Backends whose secrets provider defaults to a passphrase (everything but Pulumi Cloud).
 SELF_MANAGED_SCHEMES = ("file://", "s3://", "azblob://", "gs://", "postgres://")
 FOREIGN_SECRETS_KEYS = ("encryptionsalt", "encryptedkey", "secretsprovider")
+# The tracked example every site's stack file starts from (README, "Your first lab", step 3).
+EXAMPLE_STACK = "labs"
+# Settings that must be ciphertext in the stack file. Pulumi's own guard only warns for key names that
+# look secret (password, token, ...: pulumi/pulumi pkg/cmd/pulumi/config, looksLikeSecret), and a
+# private key named sshPrivateKey passes it in clear.
+MUST_BE_SECRET = {
+    f"{NAMESPACE}:{SSH_PRIVATE_KEY}": "< ~/.ssh/labs-k8s",
+    "vsphere:password": "",
+}
 
 
 class CheckFailed(Exception):
@@ -114,6 +124,17 @@ def existing_stacks() -> set[str]:
         raise CheckFailed("`pulumi stack ls --json` did not print JSON") from None
     # Pulumi Cloud names stacks org/project/stack or org/stack; the last part is what --stack takes here.
     return {str(row.get("name", "")).rsplit("/", 1)[-1] for row in rows if isinstance(row, dict)}
+
+
+def stack_files_here() -> set[str]:
+    """Stacks with a Pulumi.<stack>.yaml in this checkout."""
+    return {path.name[len("Pulumi."):-len(".yaml")] for path in REPO_ROOT.glob("Pulumi.*.yaml")}
+
+
+def did_you_mean(stack: str, candidates: set[str]) -> str:
+    """" Did you mean 'mysite'?" for a near miss among the backend's stacks and this checkout's files."""
+    near = difflib.get_close_matches(stack, sorted(candidates - {stack, EXAMPLE_STACK}), n=1, cutoff=0.6)
+    return f"did you mean {near[0]!r} (STACK={near[0]})? " if near else ""
 
 
 def _self_managed(url: str) -> bool:
@@ -211,6 +232,12 @@ def settings_problems(stack: str, document: dict[str, Any]) -> list[str]:
         load_lab_config(raw)
     except LabConfigError as error:
         problems += [str(p) for p in error.problems]
+    for key, source in MUST_BE_SECRET.items():
+        if key in config and not (isinstance(config[key], dict) and "secure" in config[key]):
+            # Said without the value: it is in clear in the file, and must not reach a terminal or a log too.
+            problems.append(f"{key} is set in clear in {stack_file_path(stack).name} (set without --secret); set "
+                            f"it again as a secret, which replaces the clear value: pulumi config set --stack {stack} "
+                            f"--secret {key}{' ' + source if source else ''}")
     insecure = config.get("vsphere:allowUnverifiedSsl")
     try:
         # YAML reads a bare false as a boolean; Pulumi hands it to the program as "false".
@@ -354,17 +381,28 @@ def run_checks(stack: str, purpose: str) -> None:
     if exists and not stack_file_path(stack).is_file():
         # destroy too: the template's provider reads the vCenter login from the stack's settings.
         raise CheckFailed(settings_file_not_here(stack, url))
+    if not exists and stack == EXAMPLE_STACK and purpose != "destroy":
+        # `stack init` writes this backend's encryptionsalt into the tracked example, and the
+        # `config set --secret` lines that follow would write ciphertext there (README, "Secrets and settings").
+        raise CheckFailed(
+            f"stack {EXAMPLE_STACK!r} is the example every site's stack file starts from (Pulumi.labs.yaml is "
+            f"committed): it is not created here, so that the example never carries a salt or ciphertext. "
+            f"Make your site's stack (README, \"Your first lab\", step 3):\n"
+            f"    export STACK=<site>\n    cp Pulumi.labs.yaml \"Pulumi.$STACK.yaml\"\n    pulumi stack init \"$STACK\""
+        )
     if purpose != "destroy":
         try:
             document = read_stack_file(stack)
         except StackFileError as error:
-            raise CheckFailed(str(error)) from None
+            # A typo is told so first, not to create a new stack from the example.
+            maybe = "" if exists else did_you_mean(stack, stacks | stack_files_here())
+            raise CheckFailed(f"{maybe}{'If not: ' if maybe else ''}{error}") from None
     if not exists:
         known = ", ".join(sorted(stacks)) or "none"
         if purpose == "destroy":
             raise CheckFailed(
                 f"stack {stack!r} does not exist in backend {url} (logged in as {user}); nothing to destroy here. "
-                f"Stacks there: {known}. Another backend? `pulumi login <url>`; "
+                f"{did_you_mean(stack, stacks)}Stacks there: {known}. Another backend? `pulumi login <url>`; "
                 "another stack? `make destroy STACK=<name>`"
             )
         before_stack_init(stack, document, url)
@@ -406,6 +444,10 @@ def settings_complete(stack: str, document: dict[str, Any]) -> None:
         if commands:
             lines.append(f"stack {stack!r} is missing settings the lab needs. Set them (README, \"Your first lab\"):")
             lines += [f"    {c}" for c in commands]
+            if stack == EXAMPLE_STACK:
+                lines.append("  These write into the committed example Pulumi.labs.yaml: only in a throw-away checkout "
+                             "(as .github/workflows/preview.yml does), never committed; a site uses its own stack "
+                             "(README, \"Your first lab\", step 3)")
         if problems:
             lines.append(f"{stack_file_path(stack).name} has {len(problems)} problem(s); nothing was created:")
             lines += [f"  - {p}" for p in problems]
