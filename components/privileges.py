@@ -214,6 +214,9 @@ API_CALLS: tuple[ApiCall, ...] = (
     ApiCall("template", "vim.FileManager.DeleteDatastoreFile_Task", ("Datastore.FileManagement", "System.View"),
             "up", f"delete_datastore_file(): the install ISO once the template exists, and on delete; {_API}: "
             "DeleteDatastoreFile_Task needs Datastore.FileManagement on the datastore"),
+    ApiCall("template", "vim.host.DatastoreBrowser.SearchDatastore_Task", ("Datastore.Browse",), "up",
+            f"remove_empty_datastore_dir(): is the stack's ISO directory empty once its ISO is gone; {_API}: "
+            "SearchDatastore_Task needs Datastore.Browse on the datastore"),
     ApiCall("template", "HTTPS PUT /folder/<path>?dcPath=&dsName=", ("Datastore.FileManagement", "System.View"), "up",
             "upload_to_datastore(): vCenter resolves dcPath from the root folder, then writes the file"),
     ApiCall("template", "vim.Folder.CreateVM_Task",

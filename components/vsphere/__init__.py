@@ -22,7 +22,12 @@ never the submodules, so a function can move between them freely.
 
 from __future__ import annotations
 
-from components.vsphere.datastore import delete_datastore_file, make_datastore_dir, upload_to_datastore
+from components.vsphere.datastore import (
+    delete_datastore_file,
+    make_datastore_dir,
+    remove_empty_datastore_dir,
+    upload_to_datastore,
+)
 from components.vsphere.drills import vm_guest_ips
 from components.vsphere.errors import (
     AmbiguousError,
@@ -72,6 +77,7 @@ from components.vsphere.template import (
     BuilderVm,
     BuilderVmSpec,
     Firmware,
+    HardwareProblem,
     attach_iso,
     choose_guest_id,
     create_builder_vm,
@@ -96,6 +102,7 @@ __all__ = [
     "Finding",
     "Firmware",
     "GiB",
+    "HardwareProblem",
     "NotFoundError",
     "PlannedVm",
     "PowerState",
@@ -131,6 +138,7 @@ __all__ = [
     "power_on",
     "power_state",
     "preflight",
+    "remove_empty_datastore_dir",
     "session",
     "stack_tag",
     "supported_guest_ids",
