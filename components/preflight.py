@@ -12,11 +12,34 @@ import pulumi
 from components import releases
 from components.config import LabConfig, Role
 from components.fleet import anti_affinity_rule_name
+from components.previous_state import PreviousState
 from components.rendering.template import template_vm_name
 from components.stack_config import StackInputs
 
 
-def preflight_spec(lab: LabConfig, stack: str) -> object:
+def state_uuids(lab: LabConfig, previous: PreviousState | None) -> dict[str, str] | None:
+    """Node name -> the UUID its VM has in the stack's state ("" when the state has no such VM);
+    None when the state is unknown. A VM resource without a uuid output is left out (unknown)."""
+    if previous is None or not previous.available:
+        return None
+    uuids: dict[str, str] = {}
+    for node in lab.all_nodes:
+        outputs = previous.resources.get(node.name)
+        if outputs is None:
+            uuids[node.name] = ""
+        elif outputs.get("uuid"):
+            uuids[node.name] = str(outputs["uuid"])
+    return uuids
+
+
+def vms_to_create(lab: LabConfig, previous: PreviousState | None) -> list[str] | None:
+    """Names of the nodes whose VM the state lacks, so this run clones them; None when unknown."""
+    if previous is None or not previous.available:
+        return None
+    return [node.name for node in lab.all_nodes if node.name not in previous.resources]
+
+
+def preflight_spec(lab: LabConfig, stack: str, previous: PreviousState | None = None) -> object:
     from components import vsphere
 
     rules = tuple(
@@ -57,6 +80,7 @@ def preflight_spec(lab: LabConfig, stack: str) -> object:
         extra_ips=(str(lab.load_balancer.vip),),
         anti_affinity_rules=rules,
         drs_required=lab.preflight.drs_disabled == "fail",
+        state_uuids=state_uuids(lab, previous),
         free_space_margin=lab.preflight.datastore_margin_percent / 100,
     )
 
@@ -69,7 +93,7 @@ def release_findings(lab: LabConfig) -> list[releases.ReleaseFinding]:
     return [finding] if finding else []
 
 
-def run_preflight(inputs: StackInputs) -> None:
+def run_preflight(inputs: StackInputs, previous: PreviousState | None = None) -> None:
     lab = inputs.lab
     if not lab.preflight.enabled:
         pulumi.log.info("preflight: off (labs-k8s:preflight.enabled is false)")
@@ -84,7 +108,7 @@ def run_preflight(inputs: StackInputs) -> None:
             address.host, credentials.user, credentials.plain_password, port=address.port,
             insecure=credentials.allow_unverified_ssl,
         ) as si:
-            report = vsphere.preflight(si, preflight_spec(lab, inputs.stack))
+            report = vsphere.preflight(si, preflight_spec(lab, inputs.stack, previous))
     except vsphere.VSphereError as error:
         also = "".join(f"\n{'ERROR' if f.error else 'WARNING'} [kubernetes] {f.message}" for f in release)
         raise pulumi.RunError(f"preflight could not check vCenter: {error}{also}") from None

@@ -302,3 +302,89 @@ def test_an_empty_url_skips_the_check(lab_config):
 def test_the_url_is_validated(lab_namespace):
     lab_namespace["preflight"]["kubernetesPackagesUrl"] = "pkgs.k8s.io"
     assert "is not a URL" in problems(lab_namespace)["preflight.kubernetesPackagesUrl"]
+
+
+def test_an_nfs_datastore_without_hardware_acceleration_is_refused(with_folder, lab_config, monkeypatch, tmp_path):
+    """vcsim makes a real NFS datastore (HostDatastoreSystem.CreateNasDatastore) and reports no
+    VAAI-NAS status for it: preflight refuses it, naming the key, before anything is built."""
+    sim = with_folder(hosts=3)
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        cluster = vs.find_cluster(si, vs.find_datacenter(si, sim.datacenter), sim.cluster)
+        # vcsim keeps the datastore's files in the local directory localPath; its base name is the name.
+        (tmp_path / "nfs1").mkdir()
+        spec = vim.host.NasVolume.Specification(
+            remoteHost="127.0.0.1", remotePath="/export/nfs1", localPath=str(tmp_path / "nfs1"),
+            accessMode="readWrite", type="NFS",
+        )
+        cluster.host[0].configManager.datastoreSystem.CreateNasDatastore(spec)
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab_on(sim, small_disks(lab_config), datastore="nfs1"), monkeypatch))
+    message = str(caught.value)
+    assert "NFS datastore 'nfs1' has no hardware acceleration" in message
+    assert "labs-k8s:vsphere.datastore" in message and "Nothing was created" in message
+
+
+def test_a_tagged_vm_the_state_does_not_know_is_a_leftover(with_folder, lab_config, monkeypatch):
+    """A clone the provider failed to roll back (its reconfigure outlived vsphere:apiTimeout): our
+    name, our tag, but not in the stack's state. Preflight names it and says what to do, instead of
+    the next create's DuplicateName; the VM the state does know passes, and so does any tagged VM
+    when the state cannot be read."""
+    from components.previous_state import PreviousState
+
+    sim = with_folder(hosts=3)
+    lab = lab_on(sim, small_disks(lab_config))
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        pool = vs.find_cluster(si, dc, sim.cluster).resourcePool
+        uuids = {}
+        for name in ("labs-k8s-w01", "labs-k8s-w02"):
+            spec = vim.vm.ConfigSpec(
+                name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
+                extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in vs.stack_tag("labs").items()],
+            )
+            uuids[name] = vs.wait_for_task(dc.vmFolder.CreateVM_Task(config=spec, pool=pool), name).config.uuid
+    state = PreviousState(available=True, resources={"labs-k8s-w01": {"uuid": uuids["labs-k8s-w01"]}})
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab, monkeypatch), state)
+    message = str(caught.value)
+    assert f"labs-k8s-w02 (uuid {uuids['labs-k8s-w02']}) carries this stack's tag, but the stack's state has " \
+           "no VM of that name" in message
+    assert "vsphere:apiTimeout" in message and "Delete from Disk" in message
+    assert "labs-k8s-w01" not in message
+    run_preflight(inputs_for(sim, lab, monkeypatch), PreviousState(available=False))  # raises on any error
+
+
+def test_a_violated_rule_and_a_must_rule_as_wide_as_the_cluster_are_named(with_folder, lab_config, monkeypatch):
+    """vcsim keeps the cluster's rules as given and places VMs where told, so both balancers on one
+    host is a real violation here. (It ignores a DRS automation level change; that case is in
+    tests/test_vsphere_sites.py.)"""
+    sim = with_folder(hosts=3)
+    lab = lab_on(sim, small_disks(lab_config))
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        cluster = vs.find_cluster(si, dc, sim.cluster)
+        host = cluster.host[0]
+        balancers = []
+        for name in ("labs-k8s-lb01", "labs-k8s-lb02"):
+            spec = vim.vm.ConfigSpec(
+                name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
+                extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in vs.stack_tag("labs").items()],
+            )
+            task = dc.vmFolder.CreateVM_Task(config=spec, pool=cluster.resourcePool, host=host)
+            balancers.append(vs.wait_for_task(task, name))
+        rule = vim.cluster.AntiAffinityRuleSpec(name="labs-k8s-labs-balancers", enabled=True, mandatory=True,
+                                                vm=balancers)
+        change = vim.cluster.ConfigSpecEx(rulesSpec=[vim.cluster.RuleSpec(operation="add", info=rule)])
+        vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "rules")
+        host_name = host.name
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(message))
+    run_preflight(inputs_for(sim, lab, monkeypatch))  # warnings, not errors
+    text = "\n".join(warnings)
+    assert f"anti-affinity rule 'labs-k8s-labs-balancers' is violated: labs-k8s-lb01, labs-k8s-lb02 on {host_name}" \
+        in text
+    # Three control planes on three hosts under a must-rule: host maintenance is blocked.
+    assert "mandatory anti-affinity rule 'labs-k8s-labs-control-planes' has 3 VMs" in text
+    assert "DRS cannot evacuate a host for maintenance mode" in text and "Host maintenance" in text
