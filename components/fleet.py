@@ -110,6 +110,11 @@ def api_timeout_problem(
     )
 
 
+def resource_pool_path(lab: LabConfig) -> str:
+    """labs-k8s:vsphere.resourcePool as the provider's finder wants it: <cluster>/Resources/<pool>."""
+    return f"{lab.vsphere.compute_cluster.strip('/')}/Resources/{(lab.vsphere.resource_pool or '').strip('/')}"
+
+
 def anti_affinity_rule_name(stack: str, role: Role) -> str:
     """Carries the stack name, so two labs in one vSphere cluster do not collide."""
     return f"{PROJECT}-{stack}-{ROLE_RULE_NAMES[role]}"
@@ -144,8 +149,14 @@ class NodeFleet(pulumi.ComponentResource):
         datastore = vsphere.get_datastore_output(name=lab.vsphere.datastore, datacenter_id=datacenter.id, opts=invoke)
         network = vsphere.get_network_output(name=lab.vsphere.network, datacenter_id=datacenter.id, opts=invoke)
         if lab.vsphere.resource_pool:
+            # One meaning for labs-k8s:vsphere.resourcePool: a path below the cluster's root pool,
+            # as the template builder resolves it (vsphere/inventory.py find_resource_pool). The
+            # provider's finder takes a path relative to the datacenter's host folder
+            # (resourcepool.FromPathOrDefault -> govmomi find.Finder.ResourcePool), so the
+            # cluster's path and its root pool ("Resources") go in front; a bare pool name there
+            # would be searched in every cluster of the datacenter.
             pool_id = vsphere.get_resource_pool_output(
-                name=lab.vsphere.resource_pool, datacenter_id=datacenter.id, opts=invoke
+                name=resource_pool_path(lab), datacenter_id=datacenter.id, opts=invoke
             ).id
         else:
             pool_id = cluster.resource_pool_id

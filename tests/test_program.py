@@ -610,3 +610,13 @@ def test_the_clone_timeout_follows_the_template_disk(offline_run):
     allows at the assumed rate. A changed timeout is an update, never a new VM (its CustomizeDiff)."""
     for node in NODES:
         assert offline_run.by_name(node).plain_inputs["clone"]["timeout"] == 53
+
+
+def test_the_clones_resource_pool_is_the_templates_a_path_below_the_clusters_root_pool(run_with, lab_namespace):
+    """labs-k8s:vsphere.resourcePool "team/k8s" is Cluster/Resources/team/k8s for the template
+    builder (find_resource_pool); the provider's finder resolves paths from the host folder, so the
+    clones are given that full path (tests/test_vsphere_vcsim.py resolves both on a nested pool)."""
+    run = run_with(vsphere=dict(lab_namespace["vsphere"], resourcePool="team/k8s"))
+    pools = [args for token, args in run.calls if token == "vsphere:index/getResourcePool:getResourcePool"]
+    assert [args["name"] for args in pools] == [f"{lab_namespace['vsphere']['computeCluster']}/Resources/team/k8s"]
+    assert run.by_name("golden-template").plain_inputs["resourcePool"] == "team/k8s"

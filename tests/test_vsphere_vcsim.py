@@ -668,3 +668,28 @@ def test_vcsim_topology_flags(vcsim_factory: Callable[..., Vcsim]) -> None:
         dc = vs.find_datacenter(service, sim.datacenter)
         assert len(vs.find_cluster(service, dc, "DC0_C1").host) == 4
         assert vs.find_datastore(service, dc, "LocalDS_1").name == "LocalDS_1"
+
+
+def test_a_nested_resource_pool_has_one_meaning(si: vim.ServiceInstance, vcsim: Vcsim) -> None:
+    """labs-k8s:vsphere.resourcePool "team/k8s": the template builder resolves it below the
+    cluster's root pool; the clones get <cluster>/Resources/team/k8s (components/fleet.py
+    resource_pool_path), the inventory path below the datacenter's host folder that the provider's
+    govmomi finder resolves. Both name the same nested pool, not a same-named pool elsewhere."""
+    from components.fleet import resource_pool_path
+    from tests.labs import make_lab_config
+
+    dc = vs.find_datacenter(si, vcsim.datacenter)
+    cluster = vs.find_cluster(si, dc, vcsim.cluster)
+    allocation = vim.ResourceAllocationInfo(reservation=0, expandableReservation=True, limit=-1,
+                                            shares=vim.SharesInfo(level="normal"))
+    spec = vim.ResourceConfigSpec(cpuAllocation=allocation, memoryAllocation=allocation)
+    team = cluster.resourcePool.CreateResourcePool("team", spec)
+    nested = team.CreateResourcePool("k8s", spec)
+    cluster.resourcePool.CreateResourcePool("k8s", spec)  # the same name one level up: not ours
+    lab = make_lab_config()
+    lab = lab.model_copy(update={"vsphere": lab.vsphere.model_copy(
+        update={"compute_cluster": vcsim.cluster, "resource_pool": "team/k8s"})})
+    assert vs.find_resource_pool(si, cluster, lab.vsphere.resource_pool) == nested
+    by_path = si.RetrieveContent().searchIndex.FindByInventoryPath(
+        f"{vs.inventory_path(si, dc.hostFolder)}/{resource_pool_path(lab)}")
+    assert by_path == nested
