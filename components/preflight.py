@@ -11,7 +11,7 @@ import pulumi
 
 from components import releases
 from components.config import LabConfig, Role
-from components.fleet import anti_affinity_rule_name
+from components.fleet import PROJECT, anti_affinity_rule_name
 from components.previous_state import PreviousState
 from components.rendering.template import template_vm_name
 from components.stack_config import StackInputs
@@ -37,6 +37,26 @@ def vms_to_create(lab: LabConfig, previous: PreviousState | None) -> list[str] |
     if previous is None or not previous.available:
         return None
     return [node.name for node in lab.all_nodes if node.name not in previous.resources]
+
+
+def clone_sources(lab: LabConfig, stack: str, previous: PreviousState | None) -> dict[str, tuple[str, str]]:
+    """Nodes this run clones (no VM in the state) whose clone source stays (same identity):
+    node -> (the template UUID that source keeps, its URN for `pulumi up --replace`)."""
+    from components.rendering.node import instance_id
+
+    created = vms_to_create(lab, previous) or []
+    found: dict[str, tuple[str, str]] = {}
+    for node in lab.all_nodes:
+        source = (previous.resources.get(f"{node.name}-clone-source") if previous else None) or {}
+        if node.name in created and source.get("template") and source.get("identity") == instance_id(lab, node):
+            found[node.name] = (str(source["template"]), clone_source_urn(stack, node.name))
+    return found
+
+
+def clone_source_urn(stack: str, node: str) -> str:
+    """The URN of a node's clone source (components/fleet.py: NodeFleet under Lab)."""
+    return (f"urn:pulumi:{stack}::{PROJECT}::labs-k8s:lab:Lab$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:"
+            f"Resource::{node}-clone-source")
 
 
 def preflight_spec(lab: LabConfig, stack: str, previous: PreviousState | None = None) -> object:
@@ -81,6 +101,7 @@ def preflight_spec(lab: LabConfig, stack: str, previous: PreviousState | None = 
         anti_affinity_rules=rules,
         drs_required=lab.preflight.drs_disabled == "fail",
         state_uuids=state_uuids(lab, previous),
+        clone_sources=clone_sources(lab, stack, previous),
         free_space_margin=lab.preflight.datastore_margin_percent / 100,
     )
 

@@ -199,8 +199,9 @@ API_CALLS: tuple[ApiCall, ...] = (
             ("System.View", "System.Read"), "preview", "_collect() pages"),
     ApiCall("template, preflight", "vim.SearchIndex.FindByInventoryPath", ("System.View",), "preview",
             "find_datacenter(), _find_under(): paths from the root folder"),
-    ApiCall("template", "vim.SearchIndex.FindByUuid", ("System.View",), "preview",
-            "find_vm_by_uuid(): the template provider's read (refresh) and delete"),
+    ApiCall("template, preflight", "vim.SearchIndex.FindByUuid", ("System.View",), "preview",
+            "find_vm_by_uuid(): the template provider's read (refresh) and delete; preflight: does the "
+            "template a node's clone source keeps still exist"),
     ApiCall("template, preflight", "vim.EnvironmentBrowser.QueryConfigOptionEx", ("System.View",), "preview",
             "choose_guest_id(): which guest ids the cluster's hosts know (preflight reports it, the builder "
             "uses it)"),

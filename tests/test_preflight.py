@@ -18,6 +18,7 @@ from pyVmomi import vim
 from components import releases
 from components import vsphere as vs
 from components.config import LabConfig
+from components.offline import REPO_ROOT
 from components.preflight import preflight_spec, release_findings, run_preflight
 from components.rendering.template import template_vm_name
 from components.stack_config import StackInputs, VcenterCredentials
@@ -388,3 +389,41 @@ def test_a_violated_rule_and_a_must_rule_as_wide_as_the_cluster_are_named(with_f
     # Three control planes on three hosts under a must-rule: host maintenance is blocked.
     assert "mandatory anti-affinity rule 'labs-k8s-labs-control-planes' has 3 VMs" in text
     assert "DRS cannot evacuate a host for maintenance mode" in text and "Host maintenance" in text
+
+
+def test_a_node_to_be_recloned_from_a_template_that_is_gone_is_named_with_the_fix(with_folder, lab_config, monkeypatch):
+    """w01 was deleted outside Pulumi (refreshed out of the state) after a template rebuild: its
+    clone source still keeps the old template, which vCenter no longer has. Instead of the
+    provider's "virtual machine with UUID ... not found" half-way through the `up`, preflight says
+    to replace the clone source, with the URN the engine uses."""
+    from components.previous_state import PreviousState
+    from components.rendering.node import instance_id
+
+    sim = with_folder(hosts=3)
+    lab = lab_on(sim, small_disks(lab_config))
+    w01 = next(node for node in lab.all_nodes if node.name == "labs-k8s-w01")
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        spec = vim.vm.ConfigSpec(name="labs-k8s-debian12-current", guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                                 files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"))
+        task = dc.vmFolder.CreateVM_Task(config=spec, pool=vs.find_cluster(si, dc, sim.cluster).resourcePool)
+        current = vs.wait_for_task(task, "template").config.uuid
+    gone = "4212d0c1-0000-0000-0000-00000000dead"
+    others = {node.name: {"uuid": f"uuid-{node.name}"} for node in lab.all_nodes if node.name != w01.name}
+
+    def state(template: str) -> PreviousState:
+        source = {"template": template, "identity": instance_id(lab, w01)}
+        return PreviousState(available=True, resources={**others, "labs-k8s-w01-clone-source": source})
+
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab, monkeypatch), state(gone))
+    message = str(caught.value)
+    # The engine's URN carries every parent's type (the mock engine's only the nearest one), as
+    # docs/runbook.md "Rebuilding the template" shows it.
+    urn = ("urn:pulumi:labs::labs-k8s::labs-k8s:lab:Lab$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:Resource::"
+           "labs-k8s-w01-clone-source")
+    assert urn in (REPO_ROOT / "docs" / "runbook.md").read_text()
+    assert f"node labs-k8s-w01 has no VM in the stack's state (deleted outside Pulumi?) and would be cloned " \
+           f"again from template uuid {gone}" in message
+    assert f"pulumi up --replace '{urn}'" in message
+    run_preflight(inputs_for(sim, lab, monkeypatch), state(current))  # its template exists: raises on any error

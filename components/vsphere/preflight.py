@@ -15,6 +15,7 @@ from components.vsphere.inventory import (
     find_datastore,
     find_network,
     find_resource_pool,
+    find_vm_by_uuid,
     find_vm_folder,
     inventory_path,
     vm_ips,
@@ -70,6 +71,9 @@ class PreflightSpec:
     # VM name -> the BIOS UUID the stack's state records for it ("" = no such resource in the
     # state); None: the state could not be read, so a tagged VM is taken for the stack's own.
     state_uuids: Mapping[str, str] | None = None
+    # Node name -> (template UUID its clone source in the state keeps, that source's URN), for
+    # nodes this run clones while keeping their clone source (identity unchanged).
+    clone_sources: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     free_space_margin: float = 0.15  # on top of disks + swap: snapshots, logs, growth
 
 
@@ -446,6 +450,22 @@ def _leftover(
     return True
 
 
+def _check_clone_sources(report: PreflightReport, spec: PreflightSpec, si: vim.ServiceInstance) -> None:
+    """A node to be cloned again from a template that no longer exists (deleted outside Pulumi
+    after a template rebuild): the provider would stop with "virtual machine with UUID ... not
+    found" (its CustomizeDiff, vmworkflow.ValidateVirtualMachineClone)."""
+    for node, (uuid, urn) in sorted(spec.clone_sources.items()):
+        if find_vm_by_uuid(si, uuid) is not None:
+            continue
+        report.error(
+            "clone source",
+            f"node {node} has no VM in the stack's state (deleted outside Pulumi?) and would be cloned again "
+            f"from template uuid {uuid}, which its clone source kept from the node's creation and which "
+            "vCenter no longer has (the template was rebuilt since). Replace the clone source, so the node is "
+            f"cloned from the current template: pulumi up --replace '{urn}' (docs/troubleshooting.md)",
+        )
+
+
 def _on(backing: Any, datastore: vim.Datastore) -> bool:
     if getattr(backing, "datastore", None) is not None:
         return bool(backing.datastore == datastore)
@@ -499,6 +519,7 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
         _check_collisions(report, spec, si)
         return report
     own = _check_collisions(report, spec, si)
+    _check_clone_sources(report, spec, si)
     cluster = _lookup(
         report, "cluster", "Fix the cluster name in the stack configuration.", find_cluster, si, dc, spec.cluster
     )
