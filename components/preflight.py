@@ -149,3 +149,38 @@ def run_preflight(inputs: StackInputs, previous: PreviousState | None = None) ->
             report.render()
             + "\nNothing was created. Fix the above, or turn preflight off with labs-k8s:preflight.enabled: false."
         )
+
+
+def check_rules_after_up(inputs: StackInputs, rule_ids: list[pulumi.Output[str]]) -> None:
+    """Once this `up` has made (or kept) its anti-affinity rules: do they hold? A warning per
+    violated rule, naming its VMs and their host.
+
+    The rules need the VMs' ids, so the VMs are placed first; a DRS that is not fully automated
+    never moves them apart afterwards (preflight warns about that too). Runs in an apply on the
+    rules' ids, so after their steps; not in a preview (the ids are unknown) and not with
+    preflight off (the offline render and the mock-engine tests).
+    """
+    lab = inputs.lab
+    if not lab.preflight.enabled or not rule_ids or pulumi.runtime.is_dry_run():
+        return
+    names = {anti_affinity_rule_name(inputs.stack, role) for role in Role
+             if lab.anti_affinity.for_role(role) != "off" and len(lab.nodes_of(role)) > 1}
+
+    def check(_ids: list[str]) -> None:
+        from components import vsphere
+
+        credentials = inputs.vcenter
+        try:
+            address = vsphere.parse_server(credentials.server)
+            with vsphere.session(
+                address.host, credentials.user, credentials.plain_password, port=address.port,
+                insecure=credentials.allow_unverified_ssl,
+            ) as si:
+                violations = vsphere.check_rules(si, lab.vsphere.datacenter, lab.vsphere.compute_cluster, names)
+        except vsphere.VSphereError as error:
+            pulumi.log.warn(f"after up: could not check the anti-affinity rules: {error}")
+            return
+        for violation in violations:
+            pulumi.log.warn(f"after up: {violation}")
+
+    pulumi.Output.all(*rule_ids).apply(check)

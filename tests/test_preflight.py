@@ -427,3 +427,49 @@ def test_a_node_to_be_recloned_from_a_template_that_is_gone_is_named_with_the_fi
            f"again from template uuid {gone}" in message
     assert f"pulumi up --replace '{urn}'" in message
     run_preflight(inputs_for(sim, lab, monkeypatch), state(current))  # its template exists: raises on any error
+
+
+@pytest.mark.parametrize("preview", [False, True])
+def test_the_rules_are_checked_once_the_up_has_made_them(with_folder, lab_config, monkeypatch, preview):
+    """The program asks vCenter again after its rules' steps (an apply on their ids), so an `up`
+    that places both balancers on one host says so at its end, not only on the next run. A
+    preview does not (the ids are unknown there). The mock engine stands in for the rule's
+    creation; vcsim holds the rule and the VMs' placement."""
+    import pulumi_vsphere
+
+    from components.offline import run_program
+    from components.preflight import check_rules_after_up
+
+    sim = with_folder(hosts=3)
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        cluster = vs.find_cluster(si, dc, sim.cluster)
+        balancers = []
+        for name in ("labs-k8s-lb01", "labs-k8s-lb02"):
+            spec = vim.vm.ConfigSpec(name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                                     files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"))
+            task = dc.vmFolder.CreateVM_Task(config=spec, pool=cluster.resourcePool, host=cluster.host[1])
+            balancers.append(vs.wait_for_task(task, name))
+        rule = vim.cluster.AntiAffinityRuleSpec(name="labs-k8s-labs-balancers", enabled=True, mandatory=True,
+                                                vm=balancers)
+        change = vim.cluster.ConfigSpecEx(rulesSpec=[vim.cluster.RuleSpec(operation="add", info=rule)])
+        vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "rule")
+        host_name = cluster.host[1].name
+    inputs = inputs_for(sim, lab_on(sim, lab_config), monkeypatch)
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(str(message)))
+
+    def program() -> None:
+        made = pulumi_vsphere.ComputeClusterVmAntiAffinityRule(
+            "balancers-anti-affinity", name="labs-k8s-labs-balancers", compute_cluster_id="domain-c1",
+            virtual_machine_ids=["vm-1", "vm-2"])
+        check_rules_after_up(inputs, [made.id])
+
+    run_program("labs", program=program, preview=preview)
+    after = [w for w in warnings if w.startswith("after up:")]
+    if preview:
+        assert after == []
+    else:
+        assert after == [f"after up: anti-affinity rule 'labs-k8s-labs-balancers' is violated: labs-k8s-lb01, "
+                         f"labs-k8s-lb02 on {host_name}. One host failure takes all of them. Let DRS fix it (fully "
+                         "automated), or vMotion one of them to another host (docs/runbook.md, \"Host maintenance\")"]

@@ -58,6 +58,7 @@ from components.vsphere.preflight import (
     PlannedVm,
     PreflightReport,
     PreflightSpec,
+    check_rules,
     preflight,
 )
 from components.vsphere.session import (
@@ -113,6 +114,7 @@ __all__ = [
     "VSphereError",
     "VSphereTimeoutError",
     "attach_iso",
+    "check_rules",
     "choose_guest_id",
     "collect_properties",
     "connect",

@@ -156,31 +156,43 @@ def _check_drs(report: PreflightReport, spec: PreflightSpec, cluster: vim.Cluste
 
 
 def _check_rule_compliance(report: PreflightReport, spec: PreflightSpec, cluster: vim.ClusterComputeResource) -> None:
-    """The stack's rules that exist already: does vCenter say they hold, and do their VMs' hosts?
+    for message in rule_violations(cluster, {rule.name for rule in spec.anti_affinity_rules}):
+        report.warn("drs", message)
 
-    ClusterRuleInfo.inCompliance is vCenter's verdict; distinct runtime.host is checked as well
-    (a rule that vCenter has not evaluated yet, or a should-rule DRS gave up on).
+
+def rule_violations(cluster: vim.ClusterComputeResource, names: set[str]) -> list[str]:
+    """The rules called ``names`` that exist and do not hold, each with its VMs; [] = all hold.
+
+    ClusterRuleInfo.inCompliance is vCenter's verdict (unset until DRS has evaluated the rule);
+    distinct runtime.host is checked as well, which holds right after a rule is made and for a
+    should-rule DRS gave up on. Preflight reports the state the last `up` left; the program asks
+    again once its rules exist (components/preflight.py check_rules_after_up).
     """
-    ours = {rule.name for rule in spec.anti_affinity_rules}
+    found: list[str] = []
     for rule in cluster.configurationEx.rule or []:
-        if rule.name not in ours:  # the stack's names; the program only makes anti-affinity rules
+        if rule.name not in names:  # the stack's names; the program only makes anti-affinity rules
             continue
         members = [(vm.name, vm.runtime.host) for vm in rule.vm or []]
         by_host: dict[str, list[str]] = {}
         for name, host in members:
             if host is not None:
                 by_host.setdefault(host.name, []).append(name)
-        shared = {host: names for host, names in by_host.items() if len(names) > 1}
+        shared = {host: vms for host, vms in by_host.items() if len(vms) > 1}
         if rule.inCompliance is not False and not shared:
             continue
-        where = "; ".join(f"{', '.join(sorted(names))} on {host}" for host, names in sorted(shared.items()))
-        report.warn(
-            "drs",
+        where = "; ".join(f"{', '.join(sorted(vms))} on {host}" for host, vms in sorted(shared.items()))
+        found.append(
             f"anti-affinity rule {rule.name!r} is violated"
             + (f": {where}" if where else f" (vCenter: not in compliance; VMs {', '.join(n for n, _ in members)})")
             + ". One host failure takes all of them. Let DRS fix it (fully automated), or vMotion one of them "
-            "to another host (docs/runbook.md, \"Host maintenance\")",
+            "to another host (docs/runbook.md, \"Host maintenance\")"
         )
+    return found
+
+
+def check_rules(si: vim.ServiceInstance, datacenter: str, cluster: str, names: set[str]) -> list[str]:
+    """rule_violations of the cluster found by its configured name."""
+    return rule_violations(find_cluster(si, find_datacenter(si, datacenter), cluster), names)
 
 
 def _connected_hosts(si: vim.ServiceInstance, cluster: vim.ClusterComputeResource) -> list[tuple[Any, dict[str, Any]]]:
@@ -445,7 +457,8 @@ def _leftover(
         "vsphere:apiTimeout, and a failed or cut-short delete leaves it behind), and the next create would stop "
         "at DuplicateName. Make sure it holds nothing you need, delete it in vCenter (power off, Delete from "
         "Disk), and run the command again; then raise vsphere:apiTimeout if it was a timeout "
-        "(docs/troubleshooting.md)",
+        "(docs/troubleshooting.md). If instead the stack's state was lost, `pulumi import` the VM rather than "
+        "deleting it",
     )
     return True
 
