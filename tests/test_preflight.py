@@ -358,8 +358,7 @@ def test_a_tagged_vm_the_state_does_not_know_is_a_leftover(with_folder, lab_conf
 
 def test_a_violated_rule_and_a_must_rule_as_wide_as_the_cluster_are_named(with_folder, lab_config, monkeypatch):
     """vcsim keeps the cluster's rules as given and places VMs where told, so both balancers on one
-    host is a real violation here. (It ignores a DRS automation level change; that case is in
-    tests/test_vsphere_sites.py.)"""
+    host is a real violation here."""
     sim = with_folder(hosts=3)
     lab = lab_on(sim, small_disks(lab_config))
     with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
@@ -473,3 +472,34 @@ def test_the_rules_are_checked_once_the_up_has_made_them(with_folder, lab_config
         assert after == [f"after up: anti-affinity rule 'labs-k8s-labs-balancers' is violated: labs-k8s-lb01, "
                          f"labs-k8s-lb02 on {host_name}. One host failure takes all of them. Let DRS fix it (fully "
                          "automated), or vMotion one of them to another host (docs/runbook.md, \"Host maintenance\")"]
+
+
+def test_a_vsan_datastore_is_refused(with_folder, lab_config, monkeypatch):
+    """vcsim (govmomi >= 0.52) makes a real vSAN datastore when vSAN is enabled on the cluster:
+    type vsan, topLevelDirectoryCreateSupported false. Preflight refuses it, naming the key."""
+    sim = with_folder(hosts=3)
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        cluster = vs.find_cluster(si, vs.find_datacenter(si, sim.datacenter), sim.cluster)
+        change = vim.cluster.ConfigSpecEx(vsanConfig=vim.vsan.cluster.ConfigInfo(enabled=True))
+        vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "vsan")
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab_on(sim, small_disks(lab_config), datastore="vsanDatastore"), monkeypatch))
+    message = str(caught.value)
+    assert "datastore 'vsanDatastore' is of type vsan, which labs-k8s does not support" in message
+    assert "namespaces" in message and "labs-k8s:vsphere.datastore" in message
+
+
+def test_partially_automated_drs_is_a_warning_naming_the_risk(with_folder, lab_config, monkeypatch):
+    """vcsim (govmomi >= 0.52) applies a drsConfig change (0.24 ignored it); the other levels are
+    in tests/test_vsphere_sites.py, as fakes."""
+    sim = with_folder(hosts=3)
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        cluster = vs.find_cluster(si, vs.find_datacenter(si, sim.datacenter), sim.cluster)
+        change = vim.cluster.ConfigSpecEx(
+            drsConfig=vim.cluster.DrsConfigInfo(enabled=True, defaultVmBehavior="partiallyAutomated"))
+        vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "drs")
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(str(message)))
+    run_preflight(inputs_for(sim, lab_on(sim, small_disks(lab_config)), monkeypatch))  # warnings, not errors
+    assert [w for w in warnings if "is partiallyAutomated: it places VMs at power-on but never migrates them" in w
+            and "Set the automation level to fully automated" in w]

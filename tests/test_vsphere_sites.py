@@ -1,10 +1,12 @@
 """vSphere as sites have it (issue 23): storage types, hardware checks a rebuild cannot fix, DRS.
 
-vcsim shows what it models (tests/test_preflight.py runs preflight against it, an NFS datastore
-included). What it cannot show, these tests give preflight as pyvmomi-level fakes: the exact
-managed-object properties preflight reads, with pyVmomi's own data objects where a value has a
-type. vcsim 0.24 has no vSAN datastore, no VAAI-NAS status (HostFileSystemMountInfo.vStorageSupport
-is only set by the simulator's Go code) and does not evaluate DRS rules (no inCompliance).
+vcsim shows what it models (tests/test_preflight.py: an NFS datastore, a vSAN datastore, a DRS
+automation level, rules and VM placement). What it cannot show, these tests give preflight as
+pyvmomi-level fakes: the exact managed-object properties preflight reads, with pyVmomi's own
+data objects where a value has a type. vcsim never reports an NFS datastore with hardware
+acceleration (HostFileSystemMountInfo.vStorageSupport is "vStorageUnsupported" or absent), never
+evaluates a rule (ClusterRuleInfo.inCompliance stays as created), and its datastores are of type
+OTHER, not VMFS.
 """
 
 from __future__ import annotations
@@ -150,8 +152,8 @@ RULES = (vs.AntiAffinityRule("labs-k8s-labs-control-planes", ("m01", "m02", "m03
     ("manual", "only makes recommendations"),
 ])
 def test_drs_that_does_not_migrate_is_a_warning_naming_the_risk(behavior, says):
-    """vcsim 0.24 ignores a drsConfig change (ReconfigureComputeResource_Task applies only rules,
-    groups and overrides), so the automation level preflight reads is given here."""
+    """Each automation level preflight reads, without a vCenter (partiallyAutomated is also shown
+    on vcsim, tests/test_preflight.py)."""
     report = vpf.PreflightReport()
     vpf._check_drs(report, vpf.PreflightSpec("dc", "C0", "ds", "net", anti_affinity_rules=RULES),
                    cluster_with_drs(behavior))
