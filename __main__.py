@@ -4,9 +4,9 @@ import pulumi
 
 from components.config import LabConfigError
 from components.lab import Lab
-from components.preflight import run_preflight
+from components.preflight import check_rules_after_up, run_preflight, vms_to_create
 from components.previous_state import check_control_plane_change, read_previous_state
-from components.stack_config import read_stack_inputs
+from components.stack_config import check_api_timeout, read_stack_inputs
 from components.upgrade import check_version_change
 
 # Validation and preflight raise before any resource is registered.
@@ -17,8 +17,10 @@ try:
     check_version_change(inputs.lab, previous)
 except LabConfigError as error:
     raise pulumi.RunError(str(error)) from None
-run_preflight(inputs)
+check_api_timeout(inputs, vms_to_create(inputs.lab, previous))
+run_preflight(inputs, previous)
 lab = Lab("labs-k8s", inputs, previous)
+check_rules_after_up(inputs, [rule.id for rule in lab.fleet.rules.values()])
 
 pulumi.export("apiEndpoint", lab.api_endpoint)
 pulumi.export("kubeconfig", lab.cluster.kubeconfig)

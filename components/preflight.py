@@ -11,12 +11,55 @@ import pulumi
 
 from components import releases
 from components.config import LabConfig, Role
-from components.fleet import anti_affinity_rule_name
+from components.fleet import PROJECT, anti_affinity_rule_name
+from components.previous_state import PreviousState
 from components.rendering.template import template_vm_name
 from components.stack_config import StackInputs
 
 
-def preflight_spec(lab: LabConfig, stack: str) -> object:
+def state_uuids(lab: LabConfig, previous: PreviousState | None) -> dict[str, str] | None:
+    """Node name -> the UUID its VM has in the stack's state ("" when the state has no such VM);
+    None when the state is unknown. A VM resource without a uuid output is left out (unknown)."""
+    if previous is None or not previous.available:
+        return None
+    uuids: dict[str, str] = {}
+    for node in lab.all_nodes:
+        outputs = previous.resources.get(node.name)
+        if outputs is None:
+            uuids[node.name] = ""
+        elif outputs.get("uuid"):
+            uuids[node.name] = str(outputs["uuid"])
+    return uuids
+
+
+def vms_to_create(lab: LabConfig, previous: PreviousState | None) -> list[str] | None:
+    """Names of the nodes whose VM the state lacks, so this run clones them; None when unknown."""
+    if previous is None or not previous.available:
+        return None
+    return [node.name for node in lab.all_nodes if node.name not in previous.resources]
+
+
+def clone_sources(lab: LabConfig, stack: str, previous: PreviousState | None) -> dict[str, tuple[str, str]]:
+    """Nodes this run clones (no VM in the state) whose clone source stays (same identity):
+    node -> (the template UUID that source keeps, its URN for `pulumi up --replace`)."""
+    from components.rendering.node import instance_id
+
+    created = vms_to_create(lab, previous) or []
+    found: dict[str, tuple[str, str]] = {}
+    for node in lab.all_nodes:
+        source = (previous.resources.get(f"{node.name}-clone-source") if previous else None) or {}
+        if node.name in created and source.get("template") and source.get("identity") == instance_id(lab, node):
+            found[node.name] = (str(source["template"]), clone_source_urn(stack, node.name))
+    return found
+
+
+def clone_source_urn(stack: str, node: str) -> str:
+    """The URN of a node's clone source (components/fleet.py: NodeFleet under Lab)."""
+    return (f"urn:pulumi:{stack}::{PROJECT}::labs-k8s:lab:Lab$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:"
+            f"Resource::{node}-clone-source")
+
+
+def preflight_spec(lab: LabConfig, stack: str, previous: PreviousState | None = None) -> object:
     from components import vsphere
 
     rules = tuple(
@@ -57,6 +100,8 @@ def preflight_spec(lab: LabConfig, stack: str) -> object:
         extra_ips=(str(lab.load_balancer.vip),),
         anti_affinity_rules=rules,
         drs_required=lab.preflight.drs_disabled == "fail",
+        state_uuids=state_uuids(lab, previous),
+        clone_sources=clone_sources(lab, stack, previous),
         free_space_margin=lab.preflight.datastore_margin_percent / 100,
         node_cidr=str(lab.network.cidr),
     )
@@ -70,7 +115,7 @@ def release_findings(lab: LabConfig) -> list[releases.ReleaseFinding]:
     return [finding] if finding else []
 
 
-def run_preflight(inputs: StackInputs) -> None:
+def run_preflight(inputs: StackInputs, previous: PreviousState | None = None) -> None:
     lab = inputs.lab
     if not lab.preflight.enabled:
         pulumi.log.info("preflight: off (labs-k8s:preflight.enabled is false)")
@@ -85,7 +130,7 @@ def run_preflight(inputs: StackInputs) -> None:
             address.host, credentials.user, credentials.plain_password, port=address.port,
             insecure=credentials.allow_unverified_ssl,
         ) as si:
-            report = vsphere.preflight(si, preflight_spec(lab, inputs.stack))
+            report = vsphere.preflight(si, preflight_spec(lab, inputs.stack, previous))
     except vsphere.VSphereError as error:
         also = "".join(f"\n{'ERROR' if f.error else 'WARNING'} [kubernetes] {f.message}" for f in release)
         raise pulumi.RunError(f"preflight could not check vCenter: {error}{also}") from None
@@ -105,3 +150,38 @@ def run_preflight(inputs: StackInputs) -> None:
             report.render()
             + "\nNothing was created. Fix the above, or turn preflight off with labs-k8s:preflight.enabled: false."
         )
+
+
+def check_rules_after_up(inputs: StackInputs, rule_ids: list[pulumi.Output[str]]) -> None:
+    """Once this `up` has made (or kept) its anti-affinity rules: do they hold? A warning per
+    violated rule, naming its VMs and their host.
+
+    The rules need the VMs' ids, so the VMs are placed first; a DRS that is not fully automated
+    never moves them apart afterwards (preflight warns about that too). Runs in an apply on the
+    rules' ids, so after their steps; not in a preview (the ids are unknown) and not with
+    preflight off (the offline render and the mock-engine tests).
+    """
+    lab = inputs.lab
+    if not lab.preflight.enabled or not rule_ids or pulumi.runtime.is_dry_run():
+        return
+    names = {anti_affinity_rule_name(inputs.stack, role) for role in Role
+             if lab.anti_affinity.for_role(role) != "off" and len(lab.nodes_of(role)) > 1}
+
+    def check(_ids: list[str]) -> None:
+        from components import vsphere
+
+        credentials = inputs.vcenter
+        try:
+            address = vsphere.parse_server(credentials.server)
+            with vsphere.session(
+                address.host, credentials.user, credentials.plain_password, port=address.port,
+                insecure=credentials.allow_unverified_ssl,
+            ) as si:
+                violations = vsphere.check_rules(si, lab.vsphere.datacenter, lab.vsphere.compute_cluster, names)
+        except vsphere.VSphereError as error:
+            pulumi.log.warn(f"after up: could not check the anti-affinity rules: {error}")
+            return
+        for violation in violations:
+            pulumi.log.warn(f"after up: {violation}")
+
+    pulumi.Output.all(*rule_ids).apply(check)

@@ -199,8 +199,9 @@ API_CALLS: tuple[ApiCall, ...] = (
             ("System.View", "System.Read"), "preview", "_collect() pages"),
     ApiCall("template, preflight", "vim.SearchIndex.FindByInventoryPath", ("System.View",), "preview",
             "find_datacenter(), _find_under(): paths from the root folder"),
-    ApiCall("template", "vim.SearchIndex.FindByUuid", ("System.View",), "preview",
-            "find_vm_by_uuid(): the template provider's read (refresh) and delete"),
+    ApiCall("template, preflight", "vim.SearchIndex.FindByUuid", ("System.View",), "preview",
+            "find_vm_by_uuid(): the template provider's read (refresh) and delete; preflight: does the "
+            "template a node's clone source keeps still exist"),
     ApiCall("template, preflight", "vim.EnvironmentBrowser.QueryConfigOptionEx", ("System.View",), "preview",
             "choose_guest_id(): which guest ids the cluster's hosts know (preflight reports it, the builder "
             "uses it)"),
@@ -214,6 +215,9 @@ API_CALLS: tuple[ApiCall, ...] = (
     ApiCall("template", "vim.FileManager.DeleteDatastoreFile_Task", ("Datastore.FileManagement", "System.View"),
             "up", f"delete_datastore_file(): the install ISO once the template exists, and on delete; {_API}: "
             "DeleteDatastoreFile_Task needs Datastore.FileManagement on the datastore"),
+    ApiCall("template", "vim.host.DatastoreBrowser.SearchDatastore_Task", ("Datastore.Browse",), "up",
+            f"remove_empty_datastore_dir(): is the stack's ISO directory empty once its ISO is gone; {_API}: "
+            "SearchDatastore_Task needs Datastore.Browse on the datastore"),
     ApiCall("template", "HTTPS PUT /folder/<path>?dcPath=&dsName=", ("Datastore.FileManagement", "System.View"), "up",
             "upload_to_datastore(): vCenter resolves dcPath from the root folder, then writes the file"),
     ApiCall("template", "vim.Folder.CreateVM_Task",

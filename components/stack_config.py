@@ -199,3 +199,21 @@ def read_stack_inputs() -> StackInputs:
         ),
         stack=stack,
     )
+
+
+def check_api_timeout(inputs: StackInputs, created: list[str] | None) -> None:
+    """Refuse, before anything is registered, a vsphere:apiTimeout too short for the VMs this run
+    creates (``created``: their names; None = every node). components/fleet.py says why."""
+    from components.fleet import api_timeout_problem
+
+    in_config = pulumi.runtime.config.get_config("vsphere:apiTimeout")
+    problem = api_timeout_problem(
+        inputs.lab, in_config or os.environ.get("VSPHERE_API_TIMEOUT"),
+        "vsphere:apiTimeout" if in_config else "vsphere:apiTimeout (or VSPHERE_API_TIMEOUT)", inputs.stack, created,
+    )
+    if problem is None:
+        return
+    error, text = problem
+    if error:
+        raise pulumi.RunError(f"the {NAMESPACE} config has 1 problem(s); nothing was created:\n  - {text}")
+    pulumi.log.warn(text)

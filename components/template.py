@@ -64,6 +64,14 @@ def iso_datastore_path(stack: str, template_name: str) -> str:
 class TemplateBuildError(RuntimeError):
     """The template could not be built or taken over; the message says what to do."""
 
+    rebuild_helps = True  # False: the next `up` would build the same again and fail the same way
+
+
+class DatastoreUnfitError(TemplateBuildError):
+    """The datastore did not give the disks the provisioning asked for: only another datastore helps."""
+
+    rebuild_helps = False
+
 
 @dataclass(frozen=True)
 class TemplateInputs:
@@ -205,7 +213,7 @@ class TemplateBuildProvider(ResourceProvider):
                 # The preseed ends with a power-off once the seal script has run in the target.
                 vsphere.wait_for_power_off(builder.vm, timeout_s=spec.build_timeout_s)
                 vsphere.detach_iso(builder.vm, remove_device=True)
-                self._verify(builder.vm, spec.name)
+                self._verify(builder.vm, spec.name, spec.datastore)
                 vsphere.mark_as_template(builder.vm)
             except Exception as error:
                 raise TemplateBuildError(self._keep_for_inspection(si, builder.vm, spec, error)) from error
@@ -227,7 +235,7 @@ class TemplateBuildProvider(ResourceProvider):
             )
         if vm.config.template:
             # A previous `up` built it but did not record it (interrupted): adopt it after checking.
-            self._verify(vm, spec.name)
+            self._verify(vm, spec.name, spec.datastore)
             return True
         # A builder VM of ours: from an interrupted build, or kept after a failed install for
         # inspection. This run starts over from a clean slate.
@@ -275,6 +283,12 @@ class TemplateBuildProvider(ResourceProvider):
             state = "kept, powered off, for inspection"
         except vsphere.VSphereError as power_error:
             state = f"kept for inspection (powering it off failed too: {power_error})"
+        if not getattr(error, "rebuild_helps", True):
+            # An hour-long build that cannot pass must not be promised again on every `up`.
+            return (
+                f"building the golden template {spec.name} failed: {error} The builder VM {path} is {state}; "
+                "the next `pulumi up` deletes it."
+            )
         return (
             f"building the golden template {spec.name} failed: {error}. The builder VM {path} is {state}: "
             "power it on and open its console to see where the installer stops. The next `pulumi up` "
@@ -282,15 +296,23 @@ class TemplateBuildProvider(ResourceProvider):
         )
 
     @staticmethod
-    def _verify(vm: Any, name: str) -> None:
+    def _verify(vm: Any, name: str, datastore: str) -> None:
         from components import vsphere
 
         problems = vsphere.verify_template_hardware(vm)
-        if problems:
-            raise TemplateBuildError(
-                f"template {name} does not have the hardware the lab needs: " + "; ".join(problems)
-                + ". Delete it in vCenter and run `pulumi up` again."
+        if not problems:
+            return
+        found = f"template {name} does not have the hardware the lab needs: " + "; ".join(problems) + "."
+        if any(problem.datastore_bound for problem in problems):
+            # CreateVM asked for eager-zeroed thick; the datastore decided otherwise.
+            raise DatastoreUnfitError(
+                f"{found} Datastore {datastore!r} did not provision the disk as eager-zeroed thick (an NFS "
+                "datastore without hardware acceleration offers only thin disks, vSAN follows its storage "
+                "policy), so building again on it ends the same. Set labs-k8s:vsphere.datastore to a VMFS "
+                "datastore, or an NFS one with hardware acceleration on every host (docs/template.md, "
+                "\"Storage\"), then run `pulumi up`."
             )
+        raise TemplateBuildError(f"{found} Delete it in vCenter and run `pulumi up` again.")
 
     def _created(self, si: Any, vm: Any, props: Mapping[str, Any], iso_path: str | None) -> CreateResult:
         spec = TemplateInputs.from_props(props)
@@ -313,6 +335,9 @@ class TemplateBuildProvider(ResourceProvider):
             return
         try:
             vsphere.delete_datastore_file(si, datacenter, iso_path)
+            # The stack's directory too, once no ISO of it is left (a build running at the same
+            # time in this stack cannot be: the stack's state is locked).
+            vsphere.remove_empty_datastore_dir(si, datacenter, iso_path.rsplit("/", 1)[0])
         except vsphere.VSphereError as error:
             # The template is fine without it; destroy tries again.
             log.warning("could not delete the install ISO %s: %s", iso_path, error)

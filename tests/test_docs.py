@@ -177,6 +177,7 @@ def test_the_readme_first_lab_run_in_order_reaches_pulumi_up(tmp_path, variant):
 # list them (sizing, Debian's name for the VMXNET3 NIC, choices). Every other key must be in it.
 SAME_AT_EVERY_SITE = {
     "vsphere:allowUnverifiedSsl",  # false: trust vCenter's CA instead (README, step 5)
+    "vsphere:apiTimeout",  # follows the disk sizes; the program names the value when they grow
     "labs-k8s:network.interface",  # ens192: VMXNET3 in the clone's first PCIe slot
     "labs-k8s:template.diskGib", "labs-k8s:template.firmware", "labs-k8s:template.retainOnDestroy",
     *(f"labs-k8s:nodes.{role}.{size}" for role in ("balancers", "controlPlanes", "workers")

@@ -18,6 +18,7 @@ from pyVmomi import vim
 from components import releases
 from components import vsphere as vs
 from components.config import LabConfig
+from components.offline import REPO_ROOT
 from components.preflight import preflight_spec, release_findings, run_preflight
 from components.rendering.template import template_vm_name
 from components.stack_config import StackInputs, VcenterCredentials
@@ -338,3 +339,203 @@ def test_an_empty_url_skips_the_check(lab_config):
 def test_the_url_is_validated(lab_namespace):
     lab_namespace["preflight"]["kubernetesPackagesUrl"] = "pkgs.k8s.io"
     assert "is not a URL" in problems(lab_namespace)["preflight.kubernetesPackagesUrl"]
+
+
+def test_an_nfs_datastore_without_hardware_acceleration_is_refused(with_folder, lab_config, monkeypatch, tmp_path):
+    """vcsim makes a real NFS datastore (HostDatastoreSystem.CreateNasDatastore) and reports no
+    VAAI-NAS status for it: preflight refuses it, naming the key, before anything is built."""
+    sim = with_folder(hosts=3)
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        cluster = vs.find_cluster(si, vs.find_datacenter(si, sim.datacenter), sim.cluster)
+        # vcsim keeps the datastore's files in the local directory localPath; its base name is the name.
+        (tmp_path / "nfs1").mkdir()
+        spec = vim.host.NasVolume.Specification(
+            remoteHost="127.0.0.1", remotePath="/export/nfs1", localPath=str(tmp_path / "nfs1"),
+            accessMode="readWrite", type="NFS",
+        )
+        cluster.host[0].configManager.datastoreSystem.CreateNasDatastore(spec)
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab_on(sim, small_disks(lab_config), datastore="nfs1"), monkeypatch))
+    message = str(caught.value)
+    assert "NFS datastore 'nfs1' has no hardware acceleration" in message
+    assert "labs-k8s:vsphere.datastore" in message and "Nothing was created" in message
+
+
+def test_a_tagged_vm_the_state_does_not_know_is_a_leftover(with_folder, lab_config, monkeypatch):
+    """A clone the provider failed to roll back (its reconfigure outlived vsphere:apiTimeout): our
+    name, our tag, but not in the stack's state. Preflight names it and says what to do, instead of
+    the next create's DuplicateName; the VM the state does know passes, and so does any tagged VM
+    when the state cannot be read."""
+    from components.previous_state import PreviousState
+
+    sim = with_folder(hosts=3)
+    lab = lab_on(sim, small_disks(lab_config))
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        pool = vs.find_cluster(si, dc, sim.cluster).resourcePool
+        uuids = {}
+        for name in ("labs-k8s-w01", "labs-k8s-w02"):
+            spec = vim.vm.ConfigSpec(
+                name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
+                extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in vs.stack_tag("labs").items()],
+            )
+            uuids[name] = vs.wait_for_task(dc.vmFolder.CreateVM_Task(config=spec, pool=pool), name).config.uuid
+    state = PreviousState(available=True, resources={"labs-k8s-w01": {"uuid": uuids["labs-k8s-w01"]}})
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab, monkeypatch), state)
+    message = str(caught.value)
+    assert f"labs-k8s-w02 (uuid {uuids['labs-k8s-w02']}) carries this stack's tag, but the stack's state has " \
+           "no VM of that name" in message
+    assert "vsphere:apiTimeout" in message and "Delete from Disk" in message
+    assert "labs-k8s-w01" not in message
+    run_preflight(inputs_for(sim, lab, monkeypatch), PreviousState(available=False))  # raises on any error
+
+
+def test_a_violated_rule_and_a_must_rule_as_wide_as_the_cluster_are_named(with_folder, lab_config, monkeypatch):
+    """vcsim keeps the cluster's rules as given and places VMs where told, so both balancers on one
+    host is a real violation here."""
+    sim = with_folder(hosts=3)
+    lab = lab_on(sim, small_disks(lab_config))
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        cluster = vs.find_cluster(si, dc, sim.cluster)
+        host = cluster.host[0]
+        balancers = []
+        for name in ("labs-k8s-lb01", "labs-k8s-lb02"):
+            spec = vim.vm.ConfigSpec(
+                name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
+                extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in vs.stack_tag("labs").items()],
+            )
+            task = dc.vmFolder.CreateVM_Task(config=spec, pool=cluster.resourcePool, host=host)
+            balancers.append(vs.wait_for_task(task, name))
+        rule = vim.cluster.AntiAffinityRuleSpec(name="labs-k8s-labs-balancers", enabled=True, mandatory=True,
+                                                vm=balancers)
+        change = vim.cluster.ConfigSpecEx(rulesSpec=[vim.cluster.RuleSpec(operation="add", info=rule)])
+        vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "rules")
+        host_name = host.name
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(message))
+    run_preflight(inputs_for(sim, lab, monkeypatch))  # warnings, not errors
+    text = "\n".join(warnings)
+    assert f"anti-affinity rule 'labs-k8s-labs-balancers' is violated: labs-k8s-lb01, labs-k8s-lb02 on {host_name}" \
+        in text
+    # Three control planes on three hosts under a must-rule: host maintenance is blocked.
+    assert "mandatory anti-affinity rule 'labs-k8s-labs-control-planes' has 3 VMs" in text
+    assert "DRS cannot evacuate a host for maintenance mode" in text and "Host maintenance" in text
+
+
+def test_a_node_to_be_recloned_from_a_template_that_is_gone_is_named_with_the_fix(with_folder, lab_config, monkeypatch):
+    """w01 was deleted outside Pulumi (refreshed out of the state) after a template rebuild: its
+    clone source still keeps the old template, which vCenter no longer has. Instead of the
+    provider's "virtual machine with UUID ... not found" half-way through the `up`, preflight says
+    to replace the clone source, with the URN the engine uses."""
+    from components.previous_state import PreviousState
+    from components.rendering.node import instance_id
+
+    sim = with_folder(hosts=3)
+    lab = lab_on(sim, small_disks(lab_config))
+    w01 = next(node for node in lab.all_nodes if node.name == "labs-k8s-w01")
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        spec = vim.vm.ConfigSpec(name="labs-k8s-debian12-current", guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                                 files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"))
+        task = dc.vmFolder.CreateVM_Task(config=spec, pool=vs.find_cluster(si, dc, sim.cluster).resourcePool)
+        current = vs.wait_for_task(task, "template").config.uuid
+    gone = "4212d0c1-0000-0000-0000-00000000dead"
+    others = {node.name: {"uuid": f"uuid-{node.name}"} for node in lab.all_nodes if node.name != w01.name}
+
+    def state(template: str) -> PreviousState:
+        source = {"template": template, "identity": instance_id(lab, w01)}
+        return PreviousState(available=True, resources={**others, "labs-k8s-w01-clone-source": source})
+
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab, monkeypatch), state(gone))
+    message = str(caught.value)
+    # The engine's URN carries every parent's type (the mock engine's only the nearest one), as
+    # docs/runbook.md "Rebuilding the template" shows it.
+    urn = ("urn:pulumi:labs::labs-k8s::labs-k8s:lab:Lab$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:Resource::"
+           "labs-k8s-w01-clone-source")
+    assert urn in (REPO_ROOT / "docs" / "runbook.md").read_text()
+    assert f"node labs-k8s-w01 has no VM in the stack's state (deleted outside Pulumi?) and would be cloned " \
+           f"again from template uuid {gone}" in message
+    assert f"pulumi up --replace '{urn}'" in message
+    run_preflight(inputs_for(sim, lab, monkeypatch), state(current))  # its template exists: raises on any error
+
+
+@pytest.mark.parametrize("preview", [False, True])
+def test_the_rules_are_checked_once_the_up_has_made_them(with_folder, lab_config, monkeypatch, preview):
+    """The program asks vCenter again after its rules' steps (an apply on their ids), so an `up`
+    that places both balancers on one host says so at its end, not only on the next run. A
+    preview does not (the ids are unknown there). The mock engine stands in for the rule's
+    creation; vcsim holds the rule and the VMs' placement."""
+    import pulumi_vsphere
+
+    from components.offline import run_program
+    from components.preflight import check_rules_after_up
+
+    sim = with_folder(hosts=3)
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        dc = vs.find_datacenter(si, sim.datacenter)
+        cluster = vs.find_cluster(si, dc, sim.cluster)
+        balancers = []
+        for name in ("labs-k8s-lb01", "labs-k8s-lb02"):
+            spec = vim.vm.ConfigSpec(name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                                     files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"))
+            task = dc.vmFolder.CreateVM_Task(config=spec, pool=cluster.resourcePool, host=cluster.host[1])
+            balancers.append(vs.wait_for_task(task, name))
+        rule = vim.cluster.AntiAffinityRuleSpec(name="labs-k8s-labs-balancers", enabled=True, mandatory=True,
+                                                vm=balancers)
+        change = vim.cluster.ConfigSpecEx(rulesSpec=[vim.cluster.RuleSpec(operation="add", info=rule)])
+        vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "rule")
+        host_name = cluster.host[1].name
+    inputs = inputs_for(sim, lab_on(sim, lab_config), monkeypatch)
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(str(message)))
+
+    def program() -> None:
+        made = pulumi_vsphere.ComputeClusterVmAntiAffinityRule(
+            "balancers-anti-affinity", name="labs-k8s-labs-balancers", compute_cluster_id="domain-c1",
+            virtual_machine_ids=["vm-1", "vm-2"])
+        check_rules_after_up(inputs, [made.id])
+
+    run_program("labs", program=program, preview=preview)
+    after = [w for w in warnings if w.startswith("after up:")]
+    if preview:
+        assert after == []
+    else:
+        assert after == [f"after up: anti-affinity rule 'labs-k8s-labs-balancers' is violated: labs-k8s-lb01, "
+                         f"labs-k8s-lb02 on {host_name}. One host failure takes all of them. Let DRS fix it (fully "
+                         "automated), or vMotion one of them to another host (docs/runbook.md, \"Host maintenance\")"]
+
+
+def test_a_vsan_datastore_is_refused(with_folder, lab_config, monkeypatch):
+    """vcsim (govmomi >= 0.52) makes a real vSAN datastore when vSAN is enabled on the cluster:
+    type vsan, topLevelDirectoryCreateSupported false. Preflight refuses it, naming the key."""
+    sim = with_folder(hosts=3)
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        cluster = vs.find_cluster(si, vs.find_datacenter(si, sim.datacenter), sim.cluster)
+        change = vim.cluster.ConfigSpecEx(vsanConfig=vim.vsan.cluster.ConfigInfo(enabled=True))
+        vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "vsan")
+    with pytest.raises(pulumi.RunError) as caught:
+        run_preflight(inputs_for(sim, lab_on(sim, small_disks(lab_config), datastore="vsanDatastore"), monkeypatch))
+    message = str(caught.value)
+    assert "datastore 'vsanDatastore' is of type vsan, which labs-k8s does not support" in message
+    assert "namespaces" in message and "labs-k8s:vsphere.datastore" in message
+
+
+def test_partially_automated_drs_is_a_warning_naming_the_risk(with_folder, lab_config, monkeypatch):
+    """vcsim (govmomi >= 0.52) applies a drsConfig change (0.24 ignored it); the other levels are
+    in tests/test_vsphere_sites.py, as fakes."""
+    sim = with_folder(hosts=3)
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        cluster = vs.find_cluster(si, vs.find_datacenter(si, sim.datacenter), sim.cluster)
+        change = vim.cluster.ConfigSpecEx(
+            drsConfig=vim.cluster.DrsConfigInfo(enabled=True, defaultVmBehavior="partiallyAutomated"))
+        vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "drs")
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(str(message)))
+    run_preflight(inputs_for(sim, lab_on(sim, small_disks(lab_config)), monkeypatch))  # warnings, not errors
+    assert [w for w in warnings if "is partiallyAutomated: it places VMs at power-on but never migrates them" in w
+            and "Set the automation level to fully automated" in w]

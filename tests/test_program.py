@@ -7,6 +7,7 @@ in which resources happened to be registered.
 from __future__ import annotations
 
 import base64
+import copy
 import itertools
 import re
 
@@ -280,6 +281,19 @@ def test_worker_count_is_config(run_with, lab_namespace):
     assert len(run.of_type(VM)) == 2 + 3 + 5
 
 
+def compared(reg) -> dict:
+    """The inputs the engine diffs: without the resource's ignoreChanges paths ("a.b" nested)."""
+    inputs = copy.deepcopy(reg.plain_inputs)
+    for path in reg.ignore_changes:
+        *parents, leaf = path.split(".")
+        node = inputs
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return inputs
+
+
 def test_adding_a_worker_leaves_the_others_untouched(offline_run, run_with, lab_namespace):
     """Same inputs for every existing resource but the final verification: nothing else re-runs."""
     lab_namespace["nodes"]["workers"]["hosts"].append({"name": "labs-k8s-w03", "ip": "10.3.60.57"})
@@ -287,9 +301,12 @@ def test_adding_a_worker_leaves_the_others_untouched(offline_run, run_with, lab_
     changed = {
         reg.name
         for reg in offline_run.registrations.values()
-        if reg.custom and reg.plain_inputs != grown.by_name(reg.name).plain_inputs
+        if reg.custom and compared(reg) != compared(grown.by_name(reg.name))
     }
     assert changed == {"verify-cluster", "workers-anti-affinity"}
+    # What the engine leaves out of the diff does change: clone.timeout follows the node count.
+    assert grown.by_name("labs-k8s-w01").plain_inputs["clone"]["timeout"] \
+        != offline_run.by_name("labs-k8s-w01").plain_inputs["clone"]["timeout"]
     # The teardown guard only gains a dependency (on the new leave guard): its inputs are the same.
     guard = offline_run.by_name("teardown-guard")
     assert guard.plain_inputs["triggers"] == grown.by_name("teardown-guard").plain_inputs["triggers"] == []
@@ -545,3 +562,61 @@ def test_preview_registers_the_same_graph(offline_run):
     preview = run_program("labs", preview=True)
     assert {r.name for r in preview.registrations.values()} == {r.name for r in offline_run.registrations.values()}
     assert preview.depends_on("labs-k8s-m03-kubeadm-join", "labs-k8s-m02-kubeadm-join")
+
+
+# --------------------------------------------------------------------------- provider timeouts (issue 23)
+
+
+def test_an_api_timeout_too_short_for_the_data_disks_is_refused_before_registration():
+    """The provider's 5-minute default bounds the reconfigure that zeroes each clone's data disk;
+    on a timeout it deletes the half-made VM (terraform-provider-vsphere
+    resourceVSphereVirtualMachineRollbackCreate). The labs stack's 160 GiB need 60 minutes."""
+    monitors: list[RecordingMonitor] = []
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program("labs", overrides={"vsphere:apiTimeout": ""}, monitor_sink=monitors)
+    message = str(caught.value)
+    assert "vsphere:apiTimeout (or VSPHERE_API_TIMEOUT): not set (the provider's default: 5 minutes)" in message
+    assert "160 GiB of eager-zeroed data disks" in message
+    assert "pulumi config set --stack labs vsphere:apiTimeout 60" in message
+    assert monitors[0].registrations == {}
+    with pytest.raises(pulumi.RunError, match=r"vsphere:apiTimeout: 20 minutes is too short"):
+        run_program("labs", overrides={"vsphere:apiTimeout": "20"})
+
+
+def test_the_api_timeout_needed_is_that_of_the_vms_this_run_creates(offline_run, monkeypatch):
+    """Adding one worker to a lab that exists creates one VM: its 50 GiB need 23 minutes, not the
+    first `up`'s 60. Shorter than the largest disk alone is refused; shorter than all the new disks
+    together (an estimate: the engine's parallelism decides) is a warning with the value to set."""
+    previous = offline_run.previous_state()
+    grown = {"labs-k8s:nodes": offline_run.config["labs-k8s:nodes"].replace(
+        '{"name": "labs-k8s-w02", "ip": "10.3.60.55"}',
+        '{"name": "labs-k8s-w02", "ip": "10.3.60.55"}, {"name": "labs-k8s-w03", "ip": "10.3.60.57"}')}
+    assert "labs-k8s-w03" in grown["labs-k8s:nodes"]
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(str(message)))
+    run = run_program("labs", overrides={**grown, "vsphere:apiTimeout": "23"}, previous=previous)
+    assert run.by_name("labs-k8s-w03")
+    assert not [w for w in warnings if "vsphere:apiTimeout" in w]
+    with pytest.raises(pulumi.RunError, match=r"vsphere:apiTimeout: 22 minutes is too short for the clones. 50 GiB"):
+        run_program("labs", overrides={**grown, "vsphere:apiTimeout": "22"}, previous=previous)
+    # The same eight nodes in a new stack: 210 GiB at once.
+    run_program("labs", overrides={**grown, "vsphere:apiTimeout": "60"})
+    assert [w for w in warnings if "vsphere:apiTimeout: 60 minutes is too short for the clones' 210 GiB" in w
+            and "pulumi config set --stack labs vsphere:apiTimeout 77" in w]
+
+
+def test_the_clone_timeout_follows_the_template_disk(offline_run):
+    """Seven full clones copy 7 x 20 GiB at once: more than the provider's 30-minute clone.timeout
+    allows at the assumed rate. A changed timeout is an update, never a new VM (its CustomizeDiff)."""
+    for node in NODES:
+        assert offline_run.by_name(node).plain_inputs["clone"]["timeout"] == 53
+
+
+def test_the_clones_resource_pool_is_the_templates_a_path_below_the_clusters_root_pool(run_with, lab_namespace):
+    """labs-k8s:vsphere.resourcePool "team/k8s" is Cluster/Resources/team/k8s for the template
+    builder (find_resource_pool); the provider's finder resolves paths from the host folder, so the
+    clones are given that full path (tests/test_vsphere_vcsim.py resolves both on a nested pool)."""
+    run = run_with(vsphere=dict(lab_namespace["vsphere"], resourcePool="team/k8s"))
+    pools = [args for token, args in run.calls if token == "vsphere:index/getResourcePool:getResourcePool"]
+    assert [args["name"] for args in pools] == [f"{lab_namespace['vsphere']['computeCluster']}/Resources/team/k8s"]
+    assert run.by_name("golden-template").plain_inputs["resourcePool"] == "team/k8s"

@@ -224,6 +224,9 @@ def test_lifecycle_through_the_dynamic_provider_host(lab_vcsim, netinst, host_en
         # The ISO went to a stack-scoped path, and is gone once the template exists.
         assert built.isos == [f"[{sim.datastore}] labs-k8s-iso/labs/{registered['name']}.iso"]
         assert not (datastore_dir(si, sim) / "labs-k8s-iso" / "labs" / f"{registered['name']}.iso").exists()
+        # So is the stack's directory, empty now (issue 23: it was left behind).
+        assert not (datastore_dir(si, sim) / "labs-k8s-iso" / "labs").exists()
+        assert (datastore_dir(si, sim) / "labs-k8s-iso").exists(), "the shared parent stays for other stacks"
     finally:
         vs.disconnect(si)
     assert len(built.builds) == 1
@@ -275,8 +278,7 @@ def test_lifecycle_through_the_dynamic_provider_host(lab_vcsim, netinst, host_en
     si = connect(sim)
     try:
         assert vms_named(si, "labs-k8s-debian12") == {}
-        iso_dir = datastore_dir(si, sim) / "labs-k8s-iso" / "labs"
-        assert not iso_dir.exists() or list(iso_dir.iterdir()) == []
+        assert not (datastore_dir(si, sim) / "labs-k8s-iso" / "labs").exists()
     finally:
         vs.disconnect(si)
 

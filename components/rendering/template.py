@@ -90,6 +90,10 @@ def late_commands(cfg: LabConfig) -> list[str]:
         # netcfg would copy the installer's network config (the build address) into the target
         # after this command; the template must not carry it, cloud-init configures each clone.
         "rm -f /usr/lib/finish-install.d/55netcfg-copy-config",
+        # finish-install's 94save-logs would then copy the installer's logs and debconf answers
+        # (cdebconf questions.dat: the build address, the apt proxy URL with any credentials, the
+        # name servers) to /target/var/log/installer, after the seal below, into every clone.
+        "rm -f /usr/lib/finish-install.d/94save-logs",
         f"rm -rf /target{TARGET_BUNDLE_DIR}",
         f"mkdir -p /target{TARGET_BUNDLE_DIR.rsplit('/', 1)[0]}",
         f"cp -r {bundle} /target{TARGET_BUNDLE_DIR}",

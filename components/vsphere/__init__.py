@@ -22,7 +22,12 @@ never the submodules, so a function can move between them freely.
 
 from __future__ import annotations
 
-from components.vsphere.datastore import delete_datastore_file, make_datastore_dir, upload_to_datastore
+from components.vsphere.datastore import (
+    delete_datastore_file,
+    make_datastore_dir,
+    remove_empty_datastore_dir,
+    upload_to_datastore,
+)
 from components.vsphere.drills import vm_guest_ips
 from components.vsphere.errors import (
     AmbiguousError,
@@ -53,6 +58,7 @@ from components.vsphere.preflight import (
     PlannedVm,
     PreflightReport,
     PreflightSpec,
+    check_rules,
     preflight,
 )
 from components.vsphere.session import (
@@ -72,6 +78,7 @@ from components.vsphere.template import (
     BuilderVm,
     BuilderVmSpec,
     Firmware,
+    HardwareProblem,
     attach_iso,
     choose_guest_id,
     create_builder_vm,
@@ -96,6 +103,7 @@ __all__ = [
     "Finding",
     "Firmware",
     "GiB",
+    "HardwareProblem",
     "NotFoundError",
     "PlannedVm",
     "PowerState",
@@ -106,6 +114,7 @@ __all__ = [
     "VSphereError",
     "VSphereTimeoutError",
     "attach_iso",
+    "check_rules",
     "choose_guest_id",
     "collect_properties",
     "connect",
@@ -131,6 +140,7 @@ __all__ = [
     "power_on",
     "power_state",
     "preflight",
+    "remove_empty_datastore_dir",
     "session",
     "stack_tag",
     "supported_guest_ids",

@@ -90,3 +90,23 @@ def delete_datastore_file(si: vim.ServiceInstance, datacenter: str, ds_path: str
             return False
         raise
     return True
+
+
+def remove_empty_datastore_dir(si: vim.ServiceInstance, datacenter: str, ds_path: str, timeout_s: float = 300) -> bool:
+    """Delete the directory ``[datastore] path`` if it holds nothing; True when it was removed.
+
+    DeleteDatastoreFile_Task deletes a directory with everything in it, so it is called only after
+    the datastore browser found the directory empty.
+    """
+    dc = find_datacenter(si, datacenter)
+    ds = find_datastore(si, dc, ds_path[1 : ds_path.index("]")])
+    search = ds.browser.SearchDatastore_Task(datastorePath=ds_path, searchSpec=vim.host.DatastoreBrowser.SearchSpec())
+    try:
+        result = wait_for_task(search, f"listing {ds_path}", timeout_s)
+    except TaskError as error:
+        if isinstance(error.fault, vim.fault.FileNotFound):
+            return False
+        raise
+    if result is not None and result.file:
+        return False
+    return delete_datastore_file(si, datacenter, ds_path, timeout_s)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyVmomi import vim
+from pyVmomi import vim, vmodl
 
 from components.vsphere.errors import VSphereError
 from components.vsphere.inventory import (
@@ -15,6 +15,7 @@ from components.vsphere.inventory import (
     find_datastore,
     find_network,
     find_resource_pool,
+    find_vm_by_uuid,
     find_vm_folder,
     inventory_path,
     vm_ips,
@@ -68,6 +69,12 @@ class PreflightSpec:
     extra_ips: tuple[str, ...] = ()  # addresses no VM may hold, e.g. the API VIP
     anti_affinity_rules: tuple[AntiAffinityRule, ...] = ()
     drs_required: bool = True  # False: DRS off is a warning instead of an error
+    # VM name -> the BIOS UUID the stack's state records for it ("" = no such resource in the
+    # state); None: the state could not be read, so a tagged VM is taken for the stack's own.
+    state_uuids: Mapping[str, str] | None = None
+    # Node name -> (template UUID its clone source in the state keeps, that source's URN), for
+    # nodes this run clones while keeping their clone source (identity unchanged).
+    clone_sources: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     free_space_margin: float = 0.15  # on top of disks + swap: snapshots, logs, growth
     node_cidr: str = ""  # labs-k8s:network.cidr: warn when the port group's VMs report none inside (subnet.py)
 
@@ -132,12 +139,62 @@ def _check_drs(report: PreflightReport, spec: PreflightSpec, cluster: vim.Cluste
         )
         (report.error if spec.drs_required else report.warn)("drs", message)
         return
-    if drs.defaultVmBehavior == vim.cluster.DrsConfigInfo.DrsBehavior.manual:
+    # Unset means the API's default, fully automated (vcsim leaves it unset).
+    behavior = str(drs.defaultVmBehavior or vim.cluster.DrsConfigInfo.DrsBehavior.fullyAutomated)
+    if behavior != str(vim.cluster.DrsConfigInfo.DrsBehavior.fullyAutomated):
+        # The rules need the VMs' ids, so they are made after the clones are placed and powered on,
+        # and a replaced node is placed while its rule is deleted and remade: only a DRS that
+        # migrates by itself moves rule members apart afterwards.
+        what = ("only makes recommendations that someone must apply" if behavior == "manual"
+                else "places VMs at power-on but never migrates them")
         report.warn(
             "drs",
-            f"DRS on cluster {cluster.name!r} is in manual mode: rules only produce recommendations "
-            "that someone must apply. Set the automation level to partially or fully automated",
+            f"DRS on cluster {cluster.name!r} is {behavior}: it {what}. The anti-affinity rules "
+            f"({', '.join(r.name for r in spec.anti_affinity_rules)}) are created after their VMs are placed, "
+            "so members that start on one host stay there, and losing that host takes them all. Set the "
+            "automation level to fully automated (vSphere Client: cluster > Configure > vSphere DRS > Edit)",
         )
+    _check_rule_compliance(report, spec, cluster)
+
+
+def _check_rule_compliance(report: PreflightReport, spec: PreflightSpec, cluster: vim.ClusterComputeResource) -> None:
+    for message in rule_violations(cluster, {rule.name for rule in spec.anti_affinity_rules}):
+        report.warn("drs", message)
+
+
+def rule_violations(cluster: vim.ClusterComputeResource, names: set[str]) -> list[str]:
+    """The rules called ``names`` that exist and do not hold, each with its VMs; [] = all hold.
+
+    ClusterRuleInfo.inCompliance is vCenter's verdict (unset until DRS has evaluated the rule);
+    distinct runtime.host is checked as well, which holds right after a rule is made and for a
+    should-rule DRS gave up on. Preflight reports the state the last `up` left; the program asks
+    again once its rules exist (components/preflight.py check_rules_after_up).
+    """
+    found: list[str] = []
+    for rule in cluster.configurationEx.rule or []:
+        if rule.name not in names:  # the stack's names; the program only makes anti-affinity rules
+            continue
+        members = [(vm.name, vm.runtime.host) for vm in rule.vm or []]
+        by_host: dict[str, list[str]] = {}
+        for name, host in members:
+            if host is not None:
+                by_host.setdefault(host.name, []).append(name)
+        shared = {host: vms for host, vms in by_host.items() if len(vms) > 1}
+        if rule.inCompliance is not False and not shared:
+            continue
+        where = "; ".join(f"{', '.join(sorted(vms))} on {host}" for host, vms in sorted(shared.items()))
+        found.append(
+            f"anti-affinity rule {rule.name!r} is violated"
+            + (f": {where}" if where else f" (vCenter: not in compliance; VMs {', '.join(n for n, _ in members)})")
+            + ". One host failure takes all of them. Let DRS fix it (fully automated), or vMotion one of them "
+            "to another host (docs/runbook.md, \"Host maintenance\")"
+        )
+    return found
+
+
+def check_rules(si: vim.ServiceInstance, datacenter: str, cluster: str, names: set[str]) -> list[str]:
+    """rule_violations of the cluster found by its configured name."""
+    return rule_violations(find_cluster(si, find_datacenter(si, datacenter), cluster), names)
 
 
 def _connected_hosts(si: vim.ServiceInstance, cluster: vim.ClusterComputeResource) -> list[tuple[Any, dict[str, Any]]]:
@@ -158,6 +215,18 @@ def _check_hosts(report: PreflightReport, spec: PreflightSpec, cluster: vim.Clus
         return
     for rule in spec.anti_affinity_rules:
         count = len(rule.vm_names)
+        if count == hosts and rule.mandatory:
+            # A must-rule with one member per host leaves DRS nowhere to put a member: vSphere
+            # Resource Management, "VM-VM Affinity Rule Conflicts" / mandatory rules are never violated.
+            report.warn(
+                "hosts",
+                f"mandatory anti-affinity rule {rule.name!r} has {count} VMs ({', '.join(rule.vm_names)}) on the "
+                f"{hosts} connected hosts of cluster {cluster.name!r}: while one host is down or in maintenance "
+                "mode, no host is left for its member, so DRS cannot evacuate a host for maintenance mode, a "
+                "manual vMotion to an occupied host is refused, and a member cannot be powered on. Follow "
+                "docs/runbook.md \"Host maintenance\" for each maintenance, add a host, or make the rule "
+                "preferred (labs-k8s:antiAffinity)",
+            )
         if count <= hosts:
             continue
         text = (
@@ -235,6 +304,96 @@ def _check_datastore(
         )
 
 
+DATASTORE_KEY = "labs-k8s:vsphere.datastore"
+# summary.type values (vim.host.FileSystemVolume.FileSystemType) the lab's disks work on.
+NFS_TYPES = ("NFS", "NFS41")
+# Storage that provisions by policy or offers no thick disks: vVols (namespaces, storage policy),
+# PMem (persistent memory, vPMemDisk only), vFlash (VFFS: a host's flash cache, no VM files).
+REFUSED_TYPES = ("VVOL", "PMEM", "VFFS")
+
+
+def _nfs_without_acceleration(datastore: vim.Datastore, hosts: list[tuple[Any, dict[str, Any]]]) -> dict[str, str]:
+    """Host name -> its vStorageSupport for ``datastore``, for every host that lacks VAAI-NAS on it.
+
+    Each host's NAS plug-in decides (HostFileSystemMountInfo.vStorageSupport, read from the host's
+    storage system); a host that does not mount the datastore is the mount check's business.
+    """
+    lacking: dict[str, str] = {}
+    for host, props in hosts:
+        if datastore not in (props.get("datastore") or []):
+            continue
+        try:
+            storage = host.configManager.storageSystem
+            info = storage.fileSystemVolumeInfo if storage is not None else None
+            volumes = (info.mountInfo if info is not None else None) or []
+        except vmodl.MethodFault:  # a host that cannot say counts as one without acceleration
+            volumes = []
+        status = next(
+            (str(info.vStorageSupport) for info in volumes
+             if getattr(info.volume, "name", None) == datastore.name),
+            "vStorageUnknown",
+        )
+        if status != "vStorageSupported":
+            lacking[props["name"]] = status
+    return lacking
+
+
+def _check_datastore_type(
+    report: PreflightReport, datastore: vim.Datastore, hosts: list[tuple[Any, dict[str, Any]]]
+) -> None:
+    """Can this datastore hold eager-zeroed thick disks in a directory of our own? Refuse it if not.
+
+    - vSAN (and vVols): top-level directories are namespaces that only
+      DatastoreNamespaceManager.CreateDirectory makes (capability.topLevelDirectoryCreateSupported
+      is false, so the ISO upload's FileManager.MakeDirectory fails), and disks are provisioned by
+      the VM storage policy, not by eagerlyScrub: the template's hardware check cannot pass.
+    - NFS: "On NFS datastores that do not support Hardware Acceleration, only thin format is
+      available" (VMware vSphere Storage guide, virtual disk provisioning): CreateVM fails or
+      the disk comes out thin, an hour into the build.
+    """
+    kind = str(datastore.summary.type)
+    capability = datastore.capability
+    fix = (
+        f"Set {DATASTORE_KEY} to a VMFS datastore, or an NFS datastore with hardware acceleration "
+        "(the storage vendor's VAAI-NAS plug-in) on every host (docs/template.md, \"Storage\")"
+    )
+    if kind == "vsan" or (capability is not None and capability.topLevelDirectoryCreateSupported is False):
+        report.error(
+            "datastore",
+            f"datastore {datastore.name!r} is of type {kind}, which labs-k8s does not support: its top-level "
+            "directories are namespaces (topLevelDirectoryCreateSupported is false), and it provisions disks "
+            "by the VM storage policy, not as the eager-zeroed thick disks the template and every clone "
+            f"need. {fix}",
+        )
+        return
+    if kind in NFS_TYPES:
+        lacking = _nfs_without_acceleration(datastore, hosts)
+        if lacking:
+            which = ", ".join(f"{name} ({status})" for name, status in sorted(lacking.items()))
+            report.error(
+                "datastore",
+                f"NFS datastore {datastore.name!r} has no hardware acceleration on {which}: on such a "
+                "datastore vSphere offers only thin disks, and the template and every clone need "
+                "eager-zeroed thick ones (the build would fail its hardware check, and so would every "
+                f"rebuild). Install and enable the storage vendor's VAAI-NAS plug-in on those hosts, or: {fix}",
+            )
+        return
+    if kind in REFUSED_TYPES:
+        report.error(
+            "datastore",
+            f"datastore {datastore.name!r} is of type {kind}, which cannot hold the lab's eager-zeroed thick "
+            f"disks. {fix}",
+        )
+    elif kind != "VMFS":
+        # vcsim's datastores are "OTHER" (a local directory); so may be a site's odd storage.
+        report.warn(
+            "datastore",
+            f"datastore {datastore.name!r} is of type {kind}, which preflight cannot check: labs-k8s supports "
+            "VMFS and NFS with hardware acceleration, and the template build fails its hardware check on "
+            f"storage that does not provision eager-zeroed thick disks. {fix}",
+        )
+
+
 def _check_collisions(
     report: PreflightReport, spec: PreflightSpec, si: vim.ServiceInstance
 ) -> list[vim.VirtualMachine]:
@@ -255,6 +414,8 @@ def _check_collisions(
         # Only now read extraConfig: it is large, and only suspects need it.
         stack = vm_stack(vm)
         if spec.stack and stack == spec.stack:
+            if name in names and _leftover(report, spec, si, vm, name):
+                continue
             if name in names:
                 own.append(vm)
             continue
@@ -273,6 +434,52 @@ def _check_collisions(
                 "Pick another address in the stack configuration or free it",
             )
     return own
+
+
+def _leftover(
+    report: PreflightReport, spec: PreflightSpec, si: vim.ServiceInstance, vm: vim.VirtualMachine, name: str
+) -> bool:
+    """A VM with a node's name and this stack's tag that the state does not know: an error, True.
+
+    The provider deletes a clone whose post-clone reconfigure failed (its api_timeout ran out while
+    vCenter was still zeroing the data disk: terraform-provider-vsphere
+    resourceVSphereVirtualMachineRollbackCreate); when that delete fails or is cut short the VM
+    stays, tagged by its extraConfig, and the next create stops at DuplicateName.
+    """
+    if spec.state_uuids is None or name not in spec.state_uuids:
+        return False
+    recorded = spec.state_uuids[name]
+    uuid = str(vm.config.uuid)
+    if recorded == uuid:
+        return False
+    known = f"the state records uuid {recorded}" if recorded else "the stack's state has no VM of that name"
+    report.error(
+        "names",
+        f"VM {inventory_path(si, vm)} (uuid {uuid}) carries this stack's tag, but {known}: it is left over from a "
+        "create that failed half-way (the vSphere provider deletes a clone whose disks were not ready within "
+        "vsphere:apiTimeout, and a failed or cut-short delete leaves it behind), and the next create would stop "
+        "at DuplicateName. Make sure it holds nothing you need, delete it in vCenter (power off, Delete from "
+        "Disk), and run the command again; then raise vsphere:apiTimeout if it was a timeout "
+        "(docs/troubleshooting.md). If instead the stack's state was lost, `pulumi import` the VM rather than "
+        "deleting it",
+    )
+    return True
+
+
+def _check_clone_sources(report: PreflightReport, spec: PreflightSpec, si: vim.ServiceInstance) -> None:
+    """A node to be cloned again from a template that no longer exists (deleted outside Pulumi
+    after a template rebuild): the provider would stop with "virtual machine with UUID ... not
+    found" (its CustomizeDiff, vmworkflow.ValidateVirtualMachineClone)."""
+    for node, (uuid, urn) in sorted(spec.clone_sources.items()):
+        if find_vm_by_uuid(si, uuid) is not None:
+            continue
+        report.error(
+            "clone source",
+            f"node {node} has no VM in the stack's state (deleted outside Pulumi?) and would be cloned again "
+            f"from template uuid {uuid}, which its clone source kept from the node's creation and which "
+            "vCenter no longer has (the template was rebuilt since). Replace the clone source, so the node is "
+            f"cloned from the current template: pulumi up --replace '{urn}' (docs/troubleshooting.md)",
+        )
 
 
 def _on(backing: Any, datastore: vim.Datastore) -> bool:
@@ -330,6 +537,7 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
     own = _check_collisions(report, spec, si)
     if spec.node_cidr and (subnet := check_node_subnet(si, spec.network, spec.node_cidr)):
         report.warn("network", subnet)
+    _check_clone_sources(report, spec, si)
     cluster = _lookup(
         report, "cluster", "Fix the cluster name in the stack configuration.", find_cluster, si, dc, spec.cluster
     )
@@ -376,5 +584,6 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
         _check_hosts(report, spec, cluster, len(hosts))
         _check_guest_id(report, cluster)
     if datastore is not None:
+        _check_datastore_type(report, datastore, hosts)
         _check_datastore(report, spec, datastore, hosts, _held_space(own, datastore))
     return report

@@ -56,6 +56,24 @@ GUEST_ID_FALLBACKS: tuple[str, ...] = (
 Firmware = Literal["bios", "efi"]
 
 
+class HardwareProblem(str):
+    """One finding of verify_template_hardware; ``datastore_bound``: the datastore decided it.
+
+    A disk that comes out thin or lazy-zeroed although CreateVM asked for eager-zeroed thick is
+    the datastore's doing (NFS without hardware acceleration offers only thin disks, VMware
+    vSphere Storage guide, "Thick Provision" formats on NFS; vSAN provisions by its storage
+    policy): a rebuild on the same datastore ends the same, so the message must not promise one.
+    """
+
+    datastore_bound: bool = False
+
+    @classmethod
+    def of_datastore(cls, text: str) -> HardwareProblem:
+        problem = cls(text)
+        problem.datastore_bound = True
+        return problem
+
+
 @dataclass(frozen=True)
 class BuilderVmSpec:
     """The VM the Debian installer runs in before it becomes the template."""
@@ -362,52 +380,57 @@ def _type_name(device: Any) -> str:
     return type(device).__name__.rsplit(".", 1)[-1]
 
 
-def verify_template_hardware(vm: vim.VirtualMachine) -> list[str]:
+def verify_template_hardware(vm: vim.VirtualMachine) -> list[HardwareProblem]:
     """Problems that would make clones of ``vm`` differ from the design; [] = good.
 
     Checks: every SCSI controller is PVSCSI and every disk hangs off one;
     every disk is flat thick eager-zeroed; every NIC is exactly VMXNET3;
     disk.EnableUUID is TRUE; no CD-ROM still carries an ISO.
     """
-    problems: list[str] = []
+    problems: list[HardwareProblem] = []
     devices = list(vm.config.hardware.device)
     by_key = {d.key: d for d in devices}
     pvscsi = [d for d in devices if isinstance(d, vim.vm.device.ParaVirtualSCSIController)]
     if not pvscsi:
-        problems.append("no VMware Paravirtual SCSI controller: add one and move the disks to it")
+        problems.append(HardwareProblem("no VMware Paravirtual SCSI controller: add one and move the disks to it"))
     for dev in devices:
         if isinstance(dev, vim.vm.device.VirtualSCSIController) and not isinstance(
             dev, vim.vm.device.ParaVirtualSCSIController
         ):
-            problems.append(f"{_device_name(dev)} is {_type_name(dev)}, not VMware Paravirtual (PVSCSI)")
+            problems.append(
+                HardwareProblem(f"{_device_name(dev)} is {_type_name(dev)}, not VMware Paravirtual (PVSCSI)"))
     disks = [d for d in devices if isinstance(d, vim.vm.device.VirtualDisk)]
     if not disks:
-        problems.append("no virtual disk")
+        problems.append(HardwareProblem("no virtual disk"))
     for disk in disks:
         name = _device_name(disk)
         controller = by_key.get(disk.controllerKey)
         if not isinstance(controller, vim.vm.device.ParaVirtualSCSIController):
             where = _device_name(controller) if controller is not None else f"controller key {disk.controllerKey}"
-            problems.append(f"{name} is attached to {where}, not to a PVSCSI controller")
+            problems.append(HardwareProblem(f"{name} is attached to {where}, not to a PVSCSI controller"))
         backing = disk.backing
         if not isinstance(backing, vim.vm.device.VirtualDisk.FlatVer2BackingInfo):
-            problems.append(f"{name} has backing {_type_name(backing)}, not a flat thick disk")
+            problems.append(
+                HardwareProblem.of_datastore(f"{name} has backing {_type_name(backing)}, not a flat thick disk"))
             continue
         if backing.thinProvisioned is not False:
-            problems.append(f"{name} is thin provisioned; it must be thick provisioned eager-zeroed")
+            problems.append(HardwareProblem.of_datastore(
+                f"{name} is thin provisioned; it must be thick provisioned eager-zeroed"))
         if backing.eagerlyScrub is not True:
-            problems.append(f"{name} is not eager-zeroed (eagerlyScrub is {backing.eagerlyScrub})")
+            problems.append(HardwareProblem.of_datastore(
+                f"{name} is not eager-zeroed (eagerlyScrub is {backing.eagerlyScrub})"))
     nics = [d for d in devices if isinstance(d, vim.vm.device.VirtualEthernetCard)]
     if not nics:
-        problems.append("no network adapter")
+        problems.append(HardwareProblem("no network adapter"))
     for nic in nics:
         # Exact type: VirtualVmxnet3Vrdma subclasses VirtualVmxnet3 but is PVRDMA.
         if type(nic) is not vim.vm.device.VirtualVmxnet3:
-            problems.append(f"{_device_name(nic)} is {_type_name(nic)}, not VMXNET3")
+            problems.append(HardwareProblem(f"{_device_name(nic)} is {_type_name(nic)}, not VMXNET3"))
     extra = {o.key: str(o.value) for o in (vm.config.extraConfig or [])}
     if extra.get("disk.EnableUUID", "").upper() != "TRUE":
-        problems.append("extraConfig disk.EnableUUID is not TRUE (the vSphere CSI driver needs it)")
+        problems.append(HardwareProblem("extraConfig disk.EnableUUID is not TRUE (the vSphere CSI driver needs it)"))
     for cdrom in _cdroms(vm):
         if isinstance(cdrom.backing, vim.vm.device.VirtualCdrom.IsoBackingInfo) and cdrom.backing.fileName:
-            problems.append(f"{_device_name(cdrom)} still has ISO {cdrom.backing.fileName}: clones would boot it")
+            problems.append(HardwareProblem(
+                f"{_device_name(cdrom)} still has ISO {cdrom.backing.fileName}: clones would boot it"))
     return problems
