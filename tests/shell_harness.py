@@ -389,6 +389,19 @@ class ClusterLab:
         with self.edit() as state:
             state["hosts"][node]["up"] = up
 
+    def stall_bootstrap(self, node: str, stalls: bool) -> None:
+        """The node's kubelet runs but its TLS bootstrap does not finish (its CSR is never signed,
+        or it crash-loops before it sends one) while `stalls` holds."""
+        with self.edit() as state:
+            state["hosts"][node]["bootstrap_stalls"] = stalls
+
+    def restart_kubelet(self, node: str) -> None:
+        """systemd restarts the node's kubelet (kube_standin.Cluster.restart_kubelet)."""
+        from kube_standin import Cluster
+
+        with Cluster(self.dir).locked() as cluster:
+            cluster.restart_kubelet(node)
+
     def healthy_control_planes(self) -> list[str]:
         """What HAProxy's `balance first` on the cluster SSH port picks from: control planes in
         config order whose API server answers."""
