@@ -40,7 +40,7 @@ TEST_CERTIFICATE_KEY = "0f" * 32
 # Real tools the scripts may use. Everything else must be a stand-in.
 SAFE_TOOLS = (
     "bash", "cat", "grep", "sed", "awk", "install", "mkdir", "mktemp", "cmp", "cp", "mv", "rm",
-    "chmod", "date", "tr", "cut", "sort", "uniq", "head", "tail", "wc", "printf", "env", "dirname",
+    "rmdir", "chmod", "date", "tr", "cut", "sort", "uniq", "head", "tail", "wc", "printf", "env", "dirname",
     "basename", "tee", "touch", "ln", "readlink", "stat", "ls", "timeout", "openssl", "jq", "sha256sum",
     "base64",
 )  # fmt: skip
@@ -187,11 +187,14 @@ case $* in
     *"-s UUID"*) cat "$STATE/fs/$base.uuid" 2>/dev/null || exit 2 ;;
 esac
 """,
+    # mke2fs makes every new ext4 filesystem with an empty lost+found (misc/mke2fs.c
+    # create_lost_and_found); it shows in the mount point once the filesystem is mounted.
     "mkfs.ext4": r"""
 dev=${*: -1}; base=${dev##*/}
 mkdir -p "$STATE/fs"
 echo ext4 >"$STATE/fs/$base.type"
 echo 3f0c1a2b-4d5e-4f60-8a7b-9c0d1e2f3a4b >"$STATE/fs/$base.uuid"
+touch "$STATE/fs/lost+found.3f0c1a2b-4d5e-4f60-8a7b-9c0d1e2f3a4b"
 """,
     "mountpoint": r"""
 dir=${*: -1}
@@ -202,6 +205,7 @@ dir=${*: -1}
 mkdir -p "$STATE/mounts"
 uuid=$(awk -v d="${dir#"$ROOT"}" '$2 == d {sub(/^UUID=/, "", $1); print $1 " " $3}' "$ROOT/etc/fstab")
 echo "$uuid" >"$STATE/mounts/${dir//\//_}"
+if [[ -f $STATE/fs/lost+found.${uuid%% *} ]]; then mkdir -p "$dir/lost+found"; fi
 """,
     "findmnt": r"""
 dir=${*: -1}

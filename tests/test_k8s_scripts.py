@@ -238,6 +238,9 @@ def test_prepare_node_control_plane_puts_etcd_on_the_data_disk(harness: ShellHar
     assert h.calls("mkfs.ext4") == [["mkfs.ext4", "-q", "-L", "labs-etcd", "/dev/sdb"]]
     assert f"UUID={DATA_UUID} /var/lib/etcd ext4 defaults,noatime,nofail 0 2\n" in (h.root / "etc/fstab").read_text()
     assert modes(h.root / "var/lib/etcd") == 0o700
+    # The new filesystem's empty lost+found is gone: kubeadm's preflight DirAvailable--var-lib-etcd
+    # refuses a /var/lib/etcd that holds anything (cloud-init's path, data-disk-ready.sh, does the same).
+    assert list((h.root / "var/lib/etcd").iterdir()) == []
     drop_in = h.root / "etc/systemd/system/kubelet.service.d/10-labs-k8s-data-disk.conf"
     assert "RequiresMountsFor=/var/lib/etcd" in drop_in.read_text()
 

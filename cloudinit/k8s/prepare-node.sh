@@ -181,6 +181,10 @@ prepare_data_disk() {
     fi
     if [[ $DATA_DISK_MOUNT == /var/lib/etcd ]]; then
         chmod 0700 "$dir"
+        # A new ext4 has an empty lost+found, and kubeadm's preflight DirAvailable--var-lib-etcd
+        # refuses a /var/lib/etcd that holds anything: it goes, as on cloud-init's path
+        # (data-disk-ready.sh; e2fsck recreates it when it needs one). A non-empty one stays.
+        rmdir "$dir/lost+found" 2>/dev/null || true
     fi
     write_file "$ROOT/etc/systemd/system/$DATA_DISK_UNIT.service.d/10-labs-k8s-data-disk.conf" 0644 <<EOF
 # labs-k8s: $DATA_DISK_UNIT only starts with its data disk mounted, never on the root disk
