@@ -37,6 +37,22 @@ script can be killed half-way and its guard judged on what kubeadm really leaves
 - `kubeadm reset` removes this node's etcd member when it can (phases/reset/removeetcdmember.go),
   then cleans /etc/kubernetes, /var/lib/kubelet and /var/lib/etcd (phases/reset/cleanupnode.go).
   It does not delete the Node object.
+- The kubelet (Cluster.start_kubelet, Cluster.bootstrap_kubelets) starts as
+  cmd/kubelet/app/server.go buildKubeletClientConfig does ("Client rotation is on, will bootstrap
+  in background"): pkg/kubelet/certificate/bootstrap/bootstrap.go LoadClientConfig keeps a
+  kubelet.conf whose client certificate is present and unexpired (isClientConfigStillValid), else
+  loads bootstrap-kubelet.conf and *writes kubelet.conf at once*, pointing at
+  /var/lib/kubelet/pki/kubelet-client-current.pem, which exists only once its CSR is signed; with
+  neither it cannot start (systemd restarts it, forever: `kubelet_crashloop`). It bootstraps in the
+  background with the bootstrap credentials it loaded at start, whenever the API server they name
+  answers, unless a test stalls it (`bootstrap_stalls`: its CSR is never signed, or it crash-loops
+  before it sends one), and registers its Node once it has a certificate. Its exit after five
+  minutes without a certificate (server.go: UpdateTransport's exitAfter) and systemd's restart are
+  a scenario of their own (`restart_kubelet`). Since Kubernetes 1.35 (ControlPlaneKubeletLocalMode
+  GA) kubelet-start never waits, on a worker either: kubelet-wait-bootstrap does
+  (cmd/kubeadm/app/cmd/phases/join/kubelet.go runKubeletStartJoinPhase, runKubeletWaitBootstrapPhase),
+  and removes bootstrap-kubelet.conf whether the wait succeeds or fails (`defer os.Remove`), so a
+  kubelet that restarts after a failed wait, before it has a certificate, never bootstraps again.
 
 Tests tell the model to die after a phase (`die` in the state), to let time pass (`now`), to
 take a host down, or which balancers hold the VIP. Certificates are real (openssl), so the CA
@@ -59,6 +75,8 @@ from pathlib import Path
 from typing import Any
 
 HOUR = 3600.0
+# certificate.NewFileStore("kubelet-client", certDir).CurrentPath()
+KUBELET_PEM = "/var/lib/kubelet/pki/kubelet-client-current.pem"
 KUBELET_VERSION = "v1.36.0"
 CERT_TOKEN_TTL = 2 * HOUR  # constants.DefaultCertTokenDuration
 TOKEN_TTL = 24 * HOUR  # constants.DefaultTokenDuration
@@ -103,7 +121,8 @@ def empty_state() -> dict[str, Any]:
         "now": 1_800_000_000.0,
         "vip": "10.3.60.100",
         "cert_days": 365,
-        "hosts": {},  # name -> {ip, role, root, up, kubelet}
+        # name -> {ip, role, root, up, kubelet; kubelet_bootstrap, kubelet_crashloop, bootstrap_stalls}
+        "hosts": {},
         "balancers": {},  # name -> {mac, holds_vip, haproxy}
         "nodes": {},  # Node objects: name -> {labels, unschedulable}
         "objects": {},  # "kind/ns/name" -> {...}: configmaps, secrets, deployments, daemonsets, rbac
@@ -126,6 +145,7 @@ class Cluster:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.s = json.loads(self.path.read_text()) if self.path.exists() else empty_state()
             self.collect_garbage()
+            self.bootstrap_kubelets()
             try:
                 yield self
             finally:
@@ -143,6 +163,74 @@ class Cluster:
             del objects[key]
         for key in [k for k, v in objects.items() if v.get("owner") and v["owner"] not in objects]:
             del objects[key]
+
+    # -------------------------------------------------------------- the kubelet's TLS bootstrap
+    def kubelet_has_client_cert(self, name: str) -> bool:
+        """bootstrap.go isClientConfigStillValid: kubelet.conf loads and holds a client certificate,
+        embedded (kubeadm init's, before kubelet-finalize) or in the file it names (the kubelet's).
+        The model's certificates do not expire while a test runs; the scripts' own check reads the
+        real certificate with openssl."""
+        conf = self.root(name) / "etc/kubernetes/kubelet.conf"
+        if not conf.exists():
+            return False
+        text = conf.read_text()
+        if re.search(r"^\s*client-certificate-data:\s*\S", text, re.M):
+            return True
+        match = re.search(r"^\s*client-certificate:\s*(\S+)", text, re.M)
+        return bool(match) and (self.root(name) / match.group(1).lstrip("/")).is_file()
+
+    def start_kubelet(self, name: str) -> None:
+        """The kubelet (re)starts: server.go buildKubeletClientConfig -> bootstrap.LoadClientConfig."""
+        host = self.host(name)
+        root = self.root(name)
+        host.update(kubelet=True, kubelet_crashloop=False, kubelet_bootstrap=None)
+        if self.kubelet_has_client_cert(name):
+            return  # "Current kubeconfig file contents are still valid, no bootstrap necessary"
+        bootstrap = root / "etc/kubernetes/bootstrap-kubelet.conf"
+        if not bootstrap.exists():
+            # "unable to load bootstrap kubeconfig: stat /etc/kubernetes/bootstrap-kubelet.conf: no such
+            # file or directory": the kubelet exits; systemd restarts it, and it exits again. Containers
+            # it started (static pods) keep running: containerd owns them.
+            host["kubelet_crashloop"] = True
+            return
+        server = re.search(r"server:\s*(\S+)", bootstrap.read_text()).group(1)
+        # writeKubeconfigFromBootstrapping: the certificate-less kubelet.conf, written before the CSR.
+        write(root, "/etc/kubernetes/kubelet.conf", kubelet_conf_text(self, server))
+        host["kubelet_bootstrap"] = server  # the bootstrap credentials it holds in memory
+
+    def restart_kubelet(self, name: str) -> None:
+        """systemd restarts the kubelet (a package upgrade, `systemctl restart`, or its own exit after
+        five minutes without a client certificate)."""
+        if self.host(name)["kubelet"]:
+            self.start_kubelet(name)
+
+    def bootstrap_kubelet(self, name: str) -> None:
+        """One kubelet's background TLS bootstrap (bootstrap.go LoadClientCert/requestNodeCertificate,
+        kubeadm's auto-approval): the CSR is signed once the API server its bootstrap credentials name
+        answers; the certificate lands at kubelet-client-current.pem and the kubelet registers its Node."""
+        host = self.host(name)
+        server = host.get("kubelet_bootstrap")
+        if not (host["up"] and host["kubelet"] and server) or host.get("kubelet_crashloop"):
+            return
+        if host.get("bootstrap_stalls") or self.kubelet_has_client_cert(name):
+            return
+        address = server.split("//")[1].split(":")[0]
+        if not self.api_answers(address, name):
+            return
+        if address == host["ip"] and not self.etcd_running(name):
+            # Its own API server (ControlPlaneKubeletLocalMode) reads the local etcd member
+            # (--etcd-servers=https://127.0.0.1:2379, kubeadm's stacked etcd), which runs only after
+            # etcd-join: before that the kubelet's CSR goes nowhere.
+            return
+        cert, key = client_cert(self, f"system:node:{name}", org="system:nodes")
+        pem = base64.b64decode(cert).decode() + base64.b64decode(key).decode()
+        write(self.root(name), KUBELET_PEM, pem)
+        host["kubelet_bootstrap"] = None
+        self.s["nodes"].setdefault(name, {"labels": {}})
+
+    def bootstrap_kubelets(self) -> None:
+        for name in list(self.s["hosts"]):
+            self.bootstrap_kubelet(name)
 
     # -------------------------------------------------------------- hosts
     def host(self, name: str) -> dict[str, Any]:
@@ -276,7 +364,7 @@ def ca_hash(crt: Path) -> str:
     return f"sha256:{digest}"
 
 
-def client_cert(cluster: Cluster, cn: str) -> tuple[str, str]:
+def client_cert(cluster: Cluster, cn: str, org: str = "kubeadm:cluster-admins") -> tuple[str, str]:
     """A real client certificate (base64 PEM) signed by the cluster CA, valid `cert_days`."""
     import tempfile
 
@@ -295,7 +383,7 @@ def client_cert(cluster: Cluster, cn: str) -> tuple[str, str]:
             "-out",
             str(t / "csr"),
             "-subj",
-            f"/O=kubeadm:cluster-admins/CN={cn}",
+            f"/O={org}/CN={cn}",
         )
         run_openssl(
             "x509",
@@ -343,6 +431,41 @@ def kubeconfig_text(cluster: Cluster, server: str, user: str) -> str:
             "users": [{"name": user, "user": {"client-certificate-data": cert, "client-key-data": key}}],
             "contexts": [{"name": f"{user}@labs-k8s", "context": {"cluster": "labs-k8s", "user": user}}],
             "current-context": f"{user}@labs-k8s",
+        },
+        sort_keys=False,
+    )
+
+
+def kubelet_conf_text(cluster: Cluster, server: str, embedded: bool = False, name: str = "") -> str:
+    """kubelet.conf as its writers lay it out: the kubelet's (bootstrap.go writeKubeconfigFromBootstrapping:
+    default-cluster, default-auth naming KUBELET_PEM for certificate and key), or kubeadm init's
+    kubeconfig phase (the node's client certificate embedded, until kubelet-finalize)."""
+    import yaml
+
+    ca, _ = ensure_ca(cluster)
+    if embedded:
+        cert, key = client_cert(cluster, f"system:node:{name}", org="system:nodes")
+        user = {"client-certificate-data": cert, "client-key-data": key}
+    else:
+        user = {"client-certificate": KUBELET_PEM, "client-key": KUBELET_PEM}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "default-cluster",
+                    "cluster": {
+                        "certificate-authority-data": base64.b64encode(ca.read_bytes()).decode(),
+                        "server": server,
+                    },
+                }
+            ],
+            "users": [{"name": "default-auth", "user": user}],
+            "contexts": [
+                {"name": "default-context", "context": {"cluster": "default-cluster", "user": "default-auth"}}
+            ],
+            "current-context": "default-context",
         },
         sort_keys=False,
     )
@@ -460,6 +583,14 @@ class Kubeadm:
                     write(
                         self.root, "/etc/kubernetes/admin.conf", kubeconfig_text(self.c, endpoint, "kubernetes-admin")
                     )
+                elif conf == "kubelet.conf":
+                    # The node's own client certificate, embedded, against its own API server
+                    # (ControlPlaneKubeletLocalMode); kubelet-finalize points it at the rotated file.
+                    write(
+                        self.root,
+                        "/etc/kubernetes/kubelet.conf",
+                        kubelet_conf_text(self.c, self.local_endpoint(), embedded=True, name=self.host),
+                    )
                 else:
                     write(self.root, f"/etc/kubernetes/{conf}", f"clusters:\n- cluster:\n    server: {endpoint}\n")
         elif phase == "etcd":
@@ -509,11 +640,16 @@ class Kubeadm:
                 for token in init.get("bootstrapTokens", []):
                     print(f"[bootstrap-token] Using token: {token['token']}")
         elif phase == "kubelet-finalize":
+            # phases/init/kubeletfinalize.go: the kubelet's certificate manager stored the embedded
+            # certificate as kubelet-client-current.pem; kubelet.conf now names that file.
             conf = self.root / "etc/kubernetes/kubelet.conf"
             if conf.exists() and "kubelet-client-current.pem" not in conf.read_text():
-                conf.write_text(
-                    conf.read_text() + "# client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n"
-                )
+                import yaml
+
+                user = yaml.safe_load(conf.read_text())["users"][0]["user"]
+                pem = base64.b64decode(user["client-certificate-data"]) + base64.b64decode(user["client-key-data"])
+                write(self.root, KUBELET_PEM, pem.decode())
+                write(self.root, "/etc/kubernetes/kubelet.conf", kubelet_conf_text(self.c, self.local_endpoint()))
         elif phase == "addon":
             which = self.args[self.args.index("addon") + 1] if "addon" in self.args[:3] else "all"
             if which in ("all", "coredns"):
@@ -540,9 +676,10 @@ class Kubeadm:
         write(self.root, "/var/lib/etcd/member/id", data + "\n")
 
     def kubelet_start(self) -> None:
+        """kubelet-start: the kubelet's configuration, then TryStopKubelet and TryStartKubelet."""
         write(self.root, "/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n")
         write(self.root, "/var/lib/kubelet/kubeadm-flags.env", "KUBELET_KUBEADM_ARGS=\n")
-        self.c.host(self.host)["kubelet"] = True
+        self.c.start_kubelet(self.host)
 
     def register_node(self) -> None:
         self.c.s["nodes"].setdefault(self.host, {"labels": {}})
@@ -609,23 +746,28 @@ class Kubeadm:
     def local_endpoint(self) -> str:
         return f"https://{self.c.host(self.host)['ip']}:6443"
 
-    def wait_bootstrap(self, control_plane: bool, server: str) -> None:
-        """The kubelet's TLS bootstrap (phases/join/kubelet.go runKubeletWaitBootstrapPhase): it
-        turns bootstrap-kubelet.conf into kubelet.conf and registers its Node. A control plane's
-        kubelet bootstraps against its own API server, which serves only once its etcd member runs."""
-        if control_plane and not self.c.apiserver_running(self.host):
-            raise Fail(
-                "error execution phase kubelet-wait-bootstrap: error waiting for the kubelet to perform the "
-                "TLS Bootstrap: context deadline exceeded"
-            )
-        write(
-            self.root,
-            "/etc/kubernetes/kubelet.conf",
-            f"clusters:\n- cluster:\n    server: {server}\n"
-            "# client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n",
-        )
-        (self.root / "etc/kubernetes/bootstrap-kubelet.conf").unlink(missing_ok=True)
-        self.register_node()
+    def wait_bootstrap(self) -> None:
+        """kubelet-wait-bootstrap (phases/join/kubelet.go runKubeletWaitBootstrapPhase): waits for the
+        kubelet's /healthz, then for a kubelet.conf a client can be built from (its certificate file
+        included: waitForTLSBootstrappedClient), and removes bootstrap-kubelet.conf either way
+        (`defer os.Remove`). A control plane's kubelet bootstraps against its own API server, which
+        serves only once its etcd member runs."""
+        try:
+            self.c.bootstrap_kubelet(self.host)
+            host = self.c.host(self.host)
+            if not host["kubelet"] or host.get("kubelet_crashloop"):
+                raise Fail(
+                    "error execution phase kubelet-wait-bootstrap: The HTTP call equal to 'curl -sSL "
+                    "http://127.0.0.1:10248/healthz' returned error: dial tcp 127.0.0.1:10248: connect: "
+                    "connection refused"
+                )
+            if not self.c.kubelet_has_client_cert(self.host):
+                raise Fail(
+                    "error execution phase kubelet-wait-bootstrap: error waiting for the kubelet to perform the "
+                    "TLS Bootstrap: context deadline exceeded"
+                )
+        finally:
+            (self.root / "etc/kubernetes/bootstrap-kubelet.conf").unlink(missing_ok=True)
 
     def join(self) -> None:
         if self.args[1:2] == ["phase"]:
@@ -705,11 +847,8 @@ class Kubeadm:
             )
         if not (self.root / "etc/kubernetes/pki/ca.crt").exists():
             write(self.root, "/etc/kubernetes/pki/ca.crt", crt.read_text(), 0o644)
-        server = self.local_endpoint() if control_plane else "https://" + discovery["apiServerEndpoint"]
-        write(self.root, "/etc/kubernetes/bootstrap-kubelet.conf", f"clusters:\n- cluster:\n    server: {server}\n")
+        self.write_bootstrap_conf(control_plane, discovery)
         self.kubelet_start()
-        if not control_plane:
-            self.wait_bootstrap(control_plane, server)
         self.die_after("join", "kubelet-start")
         if control_plane:
             member = self.c.member_of(self.host)
@@ -734,8 +873,7 @@ class Kubeadm:
                 )
             member.update(learner=False, name=self.host)  # MemberPromote
         self.die_after("join", "etcd-join")
-        if control_plane:
-            self.wait_bootstrap(control_plane, server)
+        self.wait_bootstrap()
         self.die_after("join", "kubelet-wait-bootstrap")
         if control_plane:
             self.mark_control_plane()
@@ -743,6 +881,12 @@ class Kubeadm:
             if not self.c.apiserver_running(self.host):
                 raise Fail("error execution phase wait-control-plane: the control plane did not come up")
         self.die_after("join", "wait-control-plane")
+
+    def write_bootstrap_conf(self, control_plane: bool, discovery: dict[str, Any]) -> None:
+        """kubelet-start's bootstrap-kubelet.conf: the discovered cluster and the bootstrap token; a
+        control plane's points at its own API server (ControlPlaneKubeletLocalMode)."""
+        server = self.local_endpoint() if control_plane else "https://" + discovery["apiServerEndpoint"]
+        write(self.root, "/etc/kubernetes/bootstrap-kubelet.conf", f"clusters:\n- cluster:\n    server: {server}\n")
 
     def mark_control_plane(self) -> None:
         """phases/markcontrolplane: label and taint the Node, which must be registered (PatchNode
@@ -760,14 +904,24 @@ class Kubeadm:
         name = self.args[2:4]
         cfg = self.config()["JoinConfiguration"]
         control_plane = "controlPlane" in cfg
-        if name[:1] == ["kubelet-wait-bootstrap"]:
+        if name[:1] == ["kubelet-start"]:
+            # runKubeletStartJoinPhase on its own: discovery (TLSBootstrapCfg), the Ready-Node check,
+            # bootstrap-kubelet.conf, the kubelet restarted; no wait (ControlPlaneKubeletLocalMode).
+            discovery = cfg["discovery"]["bootstrapToken"]
+            crt = self.discover(discovery)
+            if self.host in self.c.s["nodes"] and node_ready(self.c, self.host):
+                raise Fail(
+                    f'error execution phase kubelet-start: a Node with name "{self.host}" and status "Ready" '
+                    "already exists in the cluster. You must delete the existing Node or change the name of this "
+                    "new joining Node"
+                )
+            if not (self.root / "etc/kubernetes/pki/ca.crt").exists():
+                write(self.root, "/etc/kubernetes/pki/ca.crt", crt.read_text(), 0o644)
+            self.write_bootstrap_conf(control_plane, discovery)
+            self.kubelet_start()
+        elif name[:1] == ["kubelet-wait-bootstrap"]:
             self.discover(cfg["discovery"]["bootstrapToken"])
-            if not self.c.has(self.host, "/etc/kubernetes/kubelet.conf"):
-                discovery = cfg["discovery"]["bootstrapToken"]
-                server = self.local_endpoint() if control_plane else "https://" + discovery["apiServerEndpoint"]
-                if not self.c.has(self.host, "/etc/kubernetes/bootstrap-kubelet.conf"):
-                    raise Fail("error execution phase kubelet-wait-bootstrap: no bootstrap-kubelet.conf to use")
-                self.wait_bootstrap(control_plane, server)
+            self.wait_bootstrap()
         elif name == ["control-plane-join", "mark-control-plane"]:
             self.discover(cfg["discovery"]["bootstrapToken"])
             if not self.c.has(self.host, "/etc/kubernetes/admin.conf"):
@@ -801,7 +955,7 @@ class Kubeadm:
         for conf in (*CONFS, "bootstrap-kubelet.conf"):
             (self.root / "etc/kubernetes" / conf).unlink(missing_ok=True)
         host = self.c.host(self.host)
-        host.update(kubelet=False)
+        host.update(kubelet=False, kubelet_crashloop=False, kubelet_bootstrap=None)
 
     # -------------------------------------------------------------- token, certs
     def token(self) -> None:
@@ -955,8 +1109,34 @@ def pods(c: Cluster) -> list[dict[str, Any]]:
 
 
 def node_ready(c: Cluster, name: str) -> bool:
+    """A kubelet that cannot start, or has no client certificate, posts no status: NotReady."""
     host = c.s["hosts"].get(name)
-    return bool(host and host["up"] and host["kubelet"] and c.s["cni"])
+    return bool(
+        host
+        and host["up"]
+        and host["kubelet"]
+        and not host.get("kubelet_crashloop")
+        and c.s["cni"]
+        and c.kubelet_has_client_cert(name)
+    )
+
+
+def check_client_files(c: Cluster, local: str, kubeconfig: str) -> None:
+    """kubectl validates the kubeconfig before it dials (client-go clientcmd validation.go
+    validateAuthInfo): a client-certificate or client-key file it cannot read is "Error in
+    configuration", exit 1, no connection attempted; what the real kubectl prints is checked
+    against this in tests/test_k8s_convergence.py."""
+    text = Path(kubeconfig).read_text()
+    problems = []
+    for key, what in (("client-certificate", "client-cert"), ("client-key", "client-key")):
+        match = re.search(rf"^\s*{key}:\s*(\S+)", text, re.M)
+        if match and not (c.root(local) / match.group(1).lstrip("/")).is_file():
+            path = match.group(1)
+            problems.append(
+                f"* unable to read {what} {path} for default-auth due to open {path}: no such file or directory"
+            )
+    if problems:
+        raise Fail("Error in configuration: \n" + "\n".join(problems))
 
 
 def kubectl(c: Cluster, local: str, args: list[str]) -> None:
@@ -964,6 +1144,7 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
     if kubeconfig is None:
         raise Fail("error: this stand-in needs --kubeconfig")
     server = kubeconfig_server(kubeconfig)
+    check_client_files(c, local, kubeconfig)
     address = server.split("//")[1].split(":")[0]
     if not c.api_answers(address, local):
         raise Fail(

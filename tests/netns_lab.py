@@ -437,6 +437,11 @@ class NetnsLab:
         if not wait_until(listening, 10):
             raise RuntimeError(f"ssh banner stand-in {key} did not listen\n{self.log_tail()}")
 
+    def stop_ssh_banner(self, key: str) -> None:
+        """The control plane's sshd dies (its apiserver keeps running)."""
+        self._signal_proc(f"ssh-{key}", key, signal.SIGKILL)
+        self.procs[f"ssh-{key}"].wait(timeout=10)
+
     def ssh_banner_via_vip(self, port: int) -> str:
         """The greeting a client on the node network gets from VIP:port ('' when nothing answers)."""
         code = ("import socket,sys\ntry:\n s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)\n"
@@ -564,10 +569,10 @@ class NetnsLab:
             return False
         return True
 
-    def server_states(self, key: str) -> dict[str, str]:
-        """Backend server -> HAProxy status (UP, DOWN, `UP 1/2`...) through the admin stats socket."""
+    def server_states(self, key: str, proxy: str = "kube-apiserver") -> dict[str, str]:
+        """Server -> HAProxy status (UP, DOWN, `UP 1/2`...) of one proxy, through the admin stats socket."""
         return {row["svname"]: row["status"] for row in self._stats(key)
-                if row["pxname"] == "kube-apiserver" and row["svname"] not in ("FRONTEND", "BACKEND")}
+                if row["pxname"] == proxy and row["svname"] not in ("FRONTEND", "BACKEND")}
 
     def wait_steady(self, timeout: float = 20) -> bool:
         """VIP on the first balancer only, every backend UP there, the client succeeding."""

@@ -40,7 +40,7 @@ TEST_CERTIFICATE_KEY = "0f" * 32
 # Real tools the scripts may use. Everything else must be a stand-in.
 SAFE_TOOLS = (
     "bash", "cat", "grep", "sed", "awk", "install", "mkdir", "mktemp", "cmp", "cp", "mv", "rm",
-    "chmod", "date", "tr", "cut", "sort", "uniq", "head", "tail", "wc", "printf", "env", "dirname",
+    "rmdir", "chmod", "date", "tr", "cut", "sort", "uniq", "head", "tail", "wc", "printf", "env", "dirname",
     "basename", "tee", "touch", "ln", "readlink", "stat", "ls", "timeout", "openssl", "jq", "sha256sum",
     "base64",
 )  # fmt: skip
@@ -149,10 +149,14 @@ while (($#)); do
     case $1 in -o) out=$2; shift ;; esac
     shift
 done
+# $STATE/offline: nothing answers; $STATE/key-edition: upstream re-issued its keys (same
+# fingerprint, new expiry or subkeys: other bytes).
+[[ ! -f $STATE/offline ]] || exit 6
 case $url in
     */gpg|*/Release.key) repo=kubernetes; [[ $url == */gpg ]] && repo=docker
         block="PGP PUBLIC KEY BLOCK-----"
-        printf -- '-----BEGIN %s\nfake %s\n-----END %s\n' "$block" "$repo" "$block" >"$out" ;;
+        printf -- '-----BEGIN %s\nfake %s%s\n-----END %s\n' "$block" "$repo" \
+            "$(cat "$STATE/key-edition" 2>/dev/null || true)" "$block" >"$out" ;;
     *) exit 6 ;;
 esac
 """,
@@ -187,11 +191,14 @@ case $* in
     *"-s UUID"*) cat "$STATE/fs/$base.uuid" 2>/dev/null || exit 2 ;;
 esac
 """,
+    # mke2fs makes every new ext4 filesystem with an empty lost+found (misc/mke2fs.c
+    # create_lost_and_found); it shows in the mount point once the filesystem is mounted.
     "mkfs.ext4": r"""
 dev=${*: -1}; base=${dev##*/}
 mkdir -p "$STATE/fs"
 echo ext4 >"$STATE/fs/$base.type"
 echo 3f0c1a2b-4d5e-4f60-8a7b-9c0d1e2f3a4b >"$STATE/fs/$base.uuid"
+touch "$STATE/fs/lost+found.3f0c1a2b-4d5e-4f60-8a7b-9c0d1e2f3a4b"
 """,
     "mountpoint": r"""
 dir=${*: -1}
@@ -202,6 +209,7 @@ dir=${*: -1}
 mkdir -p "$STATE/mounts"
 uuid=$(awk -v d="${dir#"$ROOT"}" '$2 == d {sub(/^UUID=/, "", $1); print $1 " " $3}' "$ROOT/etc/fstab")
 echo "$uuid" >"$STATE/mounts/${dir//\//_}"
+if [[ -f $STATE/fs/lost+found.${uuid%% *} ]]; then mkdir -p "$dir/lost+found"; fi
 """,
     "findmnt": r"""
 dir=${*: -1}
@@ -388,6 +396,19 @@ class ClusterLab:
     def set_up(self, node: str, up: bool) -> None:
         with self.edit() as state:
             state["hosts"][node]["up"] = up
+
+    def stall_bootstrap(self, node: str, stalls: bool) -> None:
+        """The node's kubelet runs but its TLS bootstrap does not finish (its CSR is never signed,
+        or it crash-loops before it sends one) while `stalls` holds."""
+        with self.edit() as state:
+            state["hosts"][node]["bootstrap_stalls"] = stalls
+
+    def restart_kubelet(self, node: str) -> None:
+        """systemd restarts the node's kubelet (kube_standin.Cluster.restart_kubelet)."""
+        from kube_standin import Cluster
+
+        with Cluster(self.dir).locked() as cluster:
+            cluster.restart_kubelet(node)
 
     def healthy_control_planes(self) -> list[str]:
         """What HAProxy's `balance first` on the cluster SSH port picks from: control planes in

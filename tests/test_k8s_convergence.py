@@ -15,6 +15,7 @@ import hashlib
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,9 @@ from components.config import LabConfig, Node, Role
 from components.rendering import k8s
 from tests.labs import make_lab_config, make_lab_config_with
 from tests.requirements import require_tool, unavailable
-from tests.shell_harness import TEST_CERTIFICATE_KEY, TEST_TOKEN, ClusterLab, ShellHarness, modes
+from tests.shell_harness import STANDIN, TEST_CERTIFICATE_KEY, TEST_TOKEN, ClusterLab, ShellHarness, modes
+
+KUBELET_PEM = "/var/lib/kubelet/pki/kubelet-client-current.pem"  # the kubelet's certificate store
 
 VIP = "10.3.60.100"
 LB01_MAC, LB02_MAC = "00:50:56:00:00:50", "00:50:56:00:00:56"
@@ -284,10 +287,13 @@ def test_a_half_finished_control_plane_join_is_reset_and_joined_again(lab: Scena
     assert "The next 'pulumi up' refreshes the join material, resets this node" in first.stderr
     if died_after == "kubelet-start":
         # admin.conf, the control-plane manifests and bootstrap-kubelet.conf exist; no etcd member,
-        # no etcd manifest, and (ControlPlaneKubeletLocalMode) no kubelet.conf and no Node yet.
+        # no etcd manifest, and (ControlPlaneKubeletLocalMode) no client certificate and no Node yet:
+        # the kubelet wrote its certificate-less kubelet.conf as it started (bootstrap.go
+        # LoadClientConfig) and waits for its own API server.
         assert (m02.root / "etc/kubernetes/admin.conf").exists()
         assert (m02.root / "etc/kubernetes/bootstrap-kubelet.conf").exists()
-        assert not (m02.root / "etc/kubernetes/kubelet.conf").exists()
+        assert KUBELET_PEM in (m02.root / "etc/kubernetes/kubelet.conf").read_text()
+        assert not (m02.root / KUBELET_PEM.lstrip("/")).exists()
         assert not (m02.root / "etc/kubernetes/manifests/etcd.yaml").exists()
         assert "labs-k8s-m02" not in lab.node_objects()
         assert lab.voting_members() == ["labs-k8s-m01"]
@@ -366,6 +372,122 @@ def test_a_worker_whose_node_never_registered_is_reset_and_joined_again(lab: Sce
     assert ok(lab.refresh_and_join("labs-k8s-w01")).stdout == "joined\n"
     assert kubeadm_calls(w01) == [["reset", "-f"], ["join", "--config"]]
     assert "labs-k8s-w01" in lab.node_objects()
+
+
+def bootstrap_stalled(lab: Scenario, name: str) -> ShellHarness:
+    """`name` joins while its kubelet's TLS bootstrap stalls: kubeadm's wait gives up and removes
+    bootstrap-kubelet.conf; the kubelet's certificate-less kubelet.conf stays."""
+    h = lab.h(name)
+    lab.lab.stall_bootstrap(name, True)
+    result = failed(lab.refresh_and_join(name))
+    assert "error execution phase kubelet-wait-bootstrap" in result.stderr
+    conf = (h.root / "etc/kubernetes/kubelet.conf").read_text()
+    assert f"client-certificate: {KUBELET_PEM}" in conf and "client-certificate-data" not in conf
+    assert not (h.root / KUBELET_PEM.lstrip("/")).exists()
+    assert not (h.root / "etc/kubernetes/bootstrap-kubelet.conf").exists(), "kubeadm's defer os.Remove"
+    assert name not in lab.node_objects()
+    no_secrets(result.stdout, result.stderr)
+    return h
+
+
+@pytest.mark.parametrize("kubelet", ["restarted in the window", "still stalled", "finished on its own"])
+def test_a_worker_whose_tls_bootstrap_did_not_finish_is_reset_and_joined_again(lab: Scenario, kubelet: str) -> None:
+    """A worker with kubelet.conf but no client certificate can never bootstrap again on its own
+    once its kubelet restarts (bootstrap-kubelet.conf is gone): it is `partial`, reset and joined,
+    while the control plane answers. A kubelet that got its certificate after all is left alone."""
+    ok(lab.init())
+    w01 = bootstrap_stalled(lab, "labs-k8s-w01")
+    if kubelet == "restarted in the window":
+        lab.lab.restart_kubelet("labs-k8s-w01")
+        assert lab.lab.state()["hosts"]["labs-k8s-w01"]["kubelet_crashloop"]
+    if kubelet != "still stalled":
+        lab.lab.stall_bootstrap("labs-k8s-w01", False)
+    w01.reset_log()
+    if kubelet == "still stalled":
+        second = failed(lab.refresh_and_join("labs-k8s-w01"))
+        assert kubeadm_calls(w01) == [["reset", "-f"], ["join", "--config"]]
+        assert "cannot tell whether this node finished joining" not in second.stderr
+        return
+    second = ok(lab.refresh_and_join("labs-k8s-w01"))
+    if kubelet == "finished on its own":
+        assert second.stdout == "already-joined\n"
+        assert kubeadm_calls(w01) == []
+    else:
+        assert second.stdout == "joined\n"
+        assert "no usable client certificate" in second.stderr
+        assert kubeadm_calls(w01) == [["reset", "-f"], ["join", "--config"]]
+    assert (w01.root / KUBELET_PEM.lstrip("/")).is_file()
+    assert "labs-k8s-w01" in lab.node_objects()
+    no_secrets(second.stdout, second.stderr)
+
+
+def test_a_control_plane_whose_kubelet_never_bootstrapped_gets_new_bootstrap_credentials_not_a_reset(
+    lab: Scenario,
+) -> None:
+    """Its etcd member votes, its kubelet has no client certificate and no bootstrap-kubelet.conf
+    (and restarted meanwhile): kubelet-start, kubelet-wait-bootstrap, mark-control-plane; no reset."""
+    ok(lab.init())
+    ok(lab.refresh_and_join("labs-k8s-m01"))
+    ok(lab.flannel())
+    m02 = bootstrap_stalled(lab, "labs-k8s-m02")
+    assert lab.voting_members() == ["labs-k8s-m01", "labs-k8s-m02"]
+    lab.lab.restart_kubelet("labs-k8s-m02")
+    lab.lab.stall_bootstrap("labs-k8s-m02", False)
+    lab.lab.advance(hours=25)
+    m02.reset_log()
+    second = ok(lab.refresh_and_join("labs-k8s-m02"))
+    assert second.stdout == "joined\n"
+    assert kubeadm_calls(m02) == [
+        ["join", "phase", "kubelet-start", "--config"],
+        ["join", "phase", "kubelet-wait-bootstrap", "--config"],
+        ["join", "phase", "control-plane-join", "mark-control-plane", "--config"],
+    ]
+    assert lab.lab.cluster_node().calls_matching("kubectl", "member", "remove") == []
+    assert lab.voting_members() == ["labs-k8s-m01", "labs-k8s-m02"]
+    assert "node-role.kubernetes.io/control-plane" in lab.lab.state()["nodes"]["labs-k8s-m02"]["labels"]
+    assert (m02.root / KUBELET_PEM.lstrip("/")).is_file()
+    assert not (m02.root / "etc/kubernetes/bootstrap-kubelet.conf").exists()
+    no_secrets(second.stdout, second.stderr, *(p.read_text() for p in m02.step.glob("*.log")))
+
+    m02.reset_log()
+    assert ok(lab.refresh_and_join("labs-k8s-m02")).stdout == "already-joined\n"
+    assert kubeadm_calls(m02) == []
+
+
+def test_the_kubectl_stand_in_refuses_a_certificate_less_kubelet_conf_like_the_real_kubectl(
+    lab: Scenario, tmp_path: Path
+) -> None:
+    """What tells "credentials kubectl cannot load" from "the API does not answer": the real kubectl
+    validates the kubeconfig before it dials (exit 1, "Error in configuration"); so does the stand-in.
+    The real one runs against a closed loopback port it never reaches."""
+    require_tool("kubectl")
+    ok(lab.init())
+    w01 = bootstrap_stalled(lab, "labs-k8s-w01")
+    conf = w01.root / "etc/kubernetes/kubelet.conf"
+    standin = subprocess.run(
+        [sys.executable, str(STANDIN), "kubectl", "--kubeconfig", str(conf), "--request-timeout=5s",
+         "get", "node", "labs-k8s-w01", "--ignore-not-found", "-o", "name"],
+        env={"HARNESS_CLUSTER": str(lab.lab.dir), "HARNESS_NODE": "labs-k8s-w01", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    local = tmp_path / "kubelet.conf"
+    local.write_text(
+        re.sub(r"server: \S+", "server: https://127.0.0.1:9", conf.read_text()).replace(
+            KUBELET_PEM, str(w01.root) + KUBELET_PEM
+        )
+    )
+    real = subprocess.run(
+        ["kubectl", "--kubeconfig", str(local), "--request-timeout=5s", "get", "node", "labs-k8s-w01",
+         "--ignore-not-found", "-o", "name"],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    for result in (standin, real):
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.startswith("Error in configuration: \n* unable to read client-cert "), result.stderr
+        assert "connection refused" not in result.stderr, "it never dials"
+    assert standin.stderr.splitlines()[1].replace(KUBELET_PEM, "PEM") == real.stderr.splitlines()[1].replace(
+        str(w01.root) + KUBELET_PEM, "PEM"
+    )
 
 
 def test_a_join_that_cannot_tell_its_state_is_not_reset_on_a_guess(up: Scenario) -> None:

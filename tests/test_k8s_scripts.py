@@ -222,7 +222,12 @@ def test_prepare_node_twice_changes_nothing(harness: ShellHarness, cfg: LabConfi
     assert result.stdout == "prepared labs-k8s-w02\n"
     assert h.snapshot() == before
     assert h.calls("apt-get") == [], "a second run installs, updates or purges nothing"
-    assert h.calls("mkfs.ext4") == [] and h.calls("mount") == [] and h.calls("curl") == []
+    assert h.calls("mkfs.ext4") == [] and h.calls("mount") == []
+    # The signing keys are fetched and checked again (a re-issued key is picked up), and unchanged.
+    assert sorted(call[-1] for call in h.calls("curl")) == [
+        "https://download.docker.com/linux/debian/gpg",
+        "https://pkgs.k8s.io/core:/stable:/v1.36/deb/Release.key",
+    ]
     for verb in ("restart", "start", "mask", "enable", "daemon-reload"):
         assert h.calls_matching("systemctl", verb) == [], verb
     assert h.calls_matching("apt-mark", "hold") == [] and h.calls_matching("udevadm", "control") == []
@@ -238,6 +243,9 @@ def test_prepare_node_control_plane_puts_etcd_on_the_data_disk(harness: ShellHar
     assert h.calls("mkfs.ext4") == [["mkfs.ext4", "-q", "-L", "labs-etcd", "/dev/sdb"]]
     assert f"UUID={DATA_UUID} /var/lib/etcd ext4 defaults,noatime,nofail 0 2\n" in (h.root / "etc/fstab").read_text()
     assert modes(h.root / "var/lib/etcd") == 0o700
+    # The new filesystem's empty lost+found is gone: kubeadm's preflight DirAvailable--var-lib-etcd
+    # refuses a /var/lib/etcd that holds anything (cloud-init's path, data-disk-ready.sh, does the same).
+    assert list((h.root / "var/lib/etcd").iterdir()) == []
     drop_in = h.root / "etc/systemd/system/kubelet.service.d/10-labs-k8s-data-disk.conf"
     assert "RequiresMountsFor=/var/lib/etcd" in drop_in.read_text()
 
@@ -521,6 +529,41 @@ def test_prepare_node_refuses_a_docker_key_with_another_fingerprint(harness: She
     result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
     assert "does not have the fingerprint 9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in result.stderr
     assert not (h.root / "etc/apt/keyrings/docker.asc").exists()
+
+
+def test_prepare_node_fetches_and_checks_the_signing_keys_again_on_every_run(
+    harness: ShellHarness, cfg: LabConfig
+) -> None:
+    """Upstream extends its keys (same fingerprint, other bytes): a later run installs the new
+    ones, so an upgrade's `apt-get update` months on does not fail on an expired key. A key
+    with another fingerprint is refused and the checked one stays; an unreachable upstream
+    keeps the installed keys."""
+    h = harness
+    fresh_debian_node(h)
+    h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
+    ok(h.run(k8s.PREPARE_ENTRYPOINT))
+    keyrings = h.root / "etc/apt/keyrings"
+    first = {name: (keyrings / name).read_text() for name in ("docker.asc", "kubernetes-apt-keyring.asc")}
+
+    h.set_state("key-edition", " extended 2027")
+    result = ok(h.run(k8s.PREPARE_ENTRYPOINT))
+    for name, old in first.items():
+        assert (keyrings / name).read_text() == old.replace("\n-----END", " extended 2027\n-----END"), name
+        assert f"installed /etc/apt/keyrings/{name}" in result.stderr
+        assert modes(keyrings / name) == 0o644
+    extended = {name: (keyrings / name).read_text() for name in first}
+
+    h.set_state("offline")
+    result = ok(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert "could not download https://download.docker.com/linux/debian/gpg to check it again" in result.stderr
+    assert {name: (keyrings / name).read_text() for name in first} == extended
+    h.clear_state("offline")
+
+    h.stub("gpg", 'echo "fpr:::::::::0000000000000000000000000000000000000000:"')
+    h.set_state("key-edition", " swapped")
+    result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert "does not have the fingerprint 9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in result.stderr
+    assert {name: (keyrings / name).read_text() for name in first} == extended
 
 
 def test_prepare_node_installs_exactly_the_pinned_containerd_and_holds_it(harness: ShellHarness) -> None:

@@ -129,6 +129,34 @@ def test_cluster_ssh_port_reaches_the_first_healthy_control_plane(lab: NetnsLab)
     assert wait_until_banner(lab, f"SSH-2.0-{first}", 15), lab.log_tail()
 
 
+def test_cluster_ssh_port_skips_a_control_plane_whose_sshd_is_down(lab: NetnsLab) -> None:
+    """A control plane whose apiserver is healthy but whose sshd is down gets no cluster-wide step:
+    the session is redispatched to the next one at once (before the check notices), then the
+    check on port 22 marks it DOWN; it is first again once sshd is back."""
+    from components.rendering.lb import CONTROL_PLANE_SSH_PORT
+
+    for key in lab.apiserver_keys:
+        lab.start_ssh_banner(key)
+    first_key = lab.apiserver_keys[0]
+    first, second = (lab.apiserver_names[k] for k in lab.apiserver_keys[:2])
+    assert wait_until_banner(lab, f"SSH-2.0-{first}", 15), lab.log_tail()
+    lab.stop_ssh_banner(first_key)
+    try:
+        # Still UP for HAProxy (checks every 2 s, fall 3): the refused connection is redispatched.
+        assert lab.ssh_banner_via_vip(CONTROL_PLANE_SSH_PORT) == f"SSH-2.0-{second}", lab.log_tail()
+        assert netns_lab.wait_until(lambda: ssh_server_state(lab, first) == "DOWN", 15), lab.log_tail()
+        assert lab.server_states(lab.balancer_keys[0])[first] == "UP", "its apiserver is healthy"
+        assert {lab.ssh_banner_via_vip(CONTROL_PLANE_SSH_PORT) for _ in range(5)} == {f"SSH-2.0-{second}"}
+    finally:
+        lab.start_ssh_banner(first_key)
+    assert wait_until_banner(lab, f"SSH-2.0-{first}", 15), lab.log_tail()
+
+
+def ssh_server_state(lab: NetnsLab, server: str) -> str:
+    """The state of one server of `listen control-plane-ssh` on the first balancer."""
+    return lab.server_states(lab.balancer_keys[0], proxy="control-plane-ssh").get(server, "")
+
+
 def wait_until_banner(lab: NetnsLab, banner: str, timeout: float) -> bool:
     from components.rendering.lb import CONTROL_PLANE_SSH_PORT
 

@@ -200,8 +200,17 @@ def test_haproxy_is_l4_passthrough_with_https_health_checks(variant: LabConfig) 
     # The cluster-wide steps' SSH: the first control plane whose apiserver is healthy.
     ssh = _section(text, "listen control-plane-ssh")
     assert re.search(rf"^\s+bind {re.escape(str(vip))}:{lb.CONTROL_PLANE_SSH_PORT}$", ssh, re.MULTILINE)
-    assert "balance first" in ssh and "http-check send meth GET uri /healthz" in ssh
-    assert re.search(r"default-server check port 6443 check-ssl verify none inter 2s fall 3 rise 2$", ssh, re.MULTILINE)
+    assert "balance first" in ssh and "option redispatch 1" in ssh
+    # One check sequence: sshd's banner on port 22, then the apiserver's /healthz over TLS.
+    checks = re.findall(r"^\s+(tcp-check .+)$", ssh, re.MULTILINE)
+    assert checks == [
+        "tcp-check connect port 22",
+        r"tcp-check expect rstring ^SSH-2\.0-",
+        "tcp-check connect port 6443 ssl",
+        rf'tcp-check send "GET /healthz HTTP/1.1\r\nHost: {vip}\r\nConnection: close\r\n\r\n"',
+        r"tcp-check expect rstring ^HTTP/1\.[01]\ 200",
+    ]
+    assert re.search(r"default-server check verify none inter 2s fall 3 rise 2$", ssh, re.MULTILINE)
     assert "shutdown-sessions" not in ssh
     assert re.findall(r"^\s+server (\S+) (\S+)$", ssh, re.MULTILINE) == [(n.name, f"{n.ip}:22")
                                                                     for n in variant.control_planes]

@@ -274,19 +274,63 @@ node_marked_control_plane() {
     jq -e '.metadata.labels // {} | has("node-role.kubernetes.io/control-plane")' >/dev/null <<<"$out"
 }
 
+# kubelet_client_cert: 0 when this node's kubelet holds a client certificate, present and not
+# expired: embedded in kubelet.conf (kubeadm init's, until kubelet-finalize) or in the file
+# kubelet.conf names. The kubelet writes kubelet.conf at startup, *before* it has one: a
+# kubeconfig naming /var/lib/kubelet/pki/kubelet-client-current.pem, which exists only once its
+# CSR is signed (kubernetes/kubernetes pkg/kubelet/certificate/bootstrap/bootstrap.go
+# LoadClientConfig, writeKubeconfigFromBootstrapping). So kubelet.conf alone proves nothing.
+# CLIENT_CERT_PROBLEM says why not.
+CLIENT_CERT_PROBLEM=""
+kubelet_client_cert() {
+    local data file pem
+    CLIENT_CERT_PROBLEM=""
+    if [[ ! -f $KUBELET_CONF ]]; then
+        CLIENT_CERT_PROBLEM="there is no ${KUBELET_CONF#"$ROOT"}"
+        return 1
+    fi
+    data=$(awk '$1 == "client-certificate-data:" {print $2; exit}' "$KUBELET_CONF")
+    file=$(awk '$1 == "client-certificate:" {print $2; exit}' "$KUBELET_CONF")
+    if [[ -n $data ]]; then
+        pem=$(base64 -d <<<"$data" 2>/dev/null) || pem=""
+    elif [[ -n $file ]]; then
+        if [[ ! -s $ROOT$file ]]; then
+            CLIENT_CERT_PROBLEM="${KUBELET_CONF#"$ROOT"} names $file, which does not exist: the kubelet's TLS bootstrap did not finish"
+            return 1
+        fi
+        pem=$(cat "$ROOT$file")
+    else
+        CLIENT_CERT_PROBLEM="${KUBELET_CONF#"$ROOT"} names no client certificate"
+        return 1
+    fi
+    if ! openssl x509 -noout <<<"$pem" >/dev/null 2>&1; then
+        CLIENT_CERT_PROBLEM="the kubelet's client certificate (${file:-embedded in ${KUBELET_CONF#"$ROOT"}}) cannot be read"
+        return 1
+    fi
+    if ! openssl x509 -noout -checkend 0 <<<"$pem" >/dev/null 2>&1; then
+        CLIENT_CERT_PROBLEM="the kubelet's client certificate (${file:-embedded in ${KUBELET_CONF#"$ROOT"}}) has expired"
+        return 1
+    fi
+}
+
 # JOIN_STATE after joined_state ROLE: joined | unfinished | partial | none | unknown:<why>.
 # A control plane is joined when it has admin.conf, the etcd static pod manifest, is a started,
 # voting etcd member under its own name, and its Node is registered with the control-plane label.
 # A voting member without that Node is `unfinished`: its join stopped after etcd-join, before
 # kubelet-wait-bootstrap (since Kubernetes 1.35 a control plane's kubelet bootstraps against its
 # own API server, ControlPlaneKubeletLocalMode, so its kubelet.conf and Node come after etcd-join)
-# or control-plane-join (the label and taint). A worker is joined when it has kubelet.conf and the
-# API knows its Node. kubeadm join writes admin.conf and the control-plane manifests
+# or control-plane-join (the label and taint), or its kubelet has no client certificate (its TLS
+# bootstrap failed: finish_control_plane_join). A worker is joined when its kubelet holds a client
+# certificate and the API knows its Node; without one it is `partial`: kubeadm removed
+# bootstrap-kubelet.conf when its wait failed (`defer os.Remove`, cmd/kubeadm/app/cmd/phases/join/
+# kubelet.go runKubeletWaitBootstrapPhase), so only a reset and a new join bootstrap it again.
+# A kubelet.conf kubectl cannot load is told apart from an API that does not answer: only the
+# second is `unknown`. kubeadm join writes admin.conf and the control-plane manifests
 # (control-plane-prepare) and kubelet.conf before the join is done (cmd/kubeadm/app/cmd/join.go),
 # so no file alone proves anything.
 JOIN_STATE=none
 joined_state() {
-    local role=$1 members state out rc=0
+    local role=$1 members state out errors rc=0
     if ! has_kubeadm_state; then
         JOIN_STATE=none
         return
@@ -304,6 +348,10 @@ joined_state() {
         log "etcd member for $NODE_IP (member list from the $MEMBERS_FROM etcd): $state"
         if [[ $state == voting ]]; then
             node_marked_control_plane || rc=$?
+            if ((rc == 0)) && ! kubelet_client_cert; then
+                log "this node's kubelet has no usable client certificate: $CLIENT_CERT_PROBLEM"
+                rc=1
+            fi
             case $rc in
                 0) JOIN_STATE=joined ;;
                 1) JOIN_STATE=unfinished ;;
@@ -317,15 +365,28 @@ joined_state() {
         fi
         return
     fi
-    if [[ ! -f $KUBELET_CONF ]]; then
+    if ! kubelet_client_cert; then
+        log "this node's kubelet has no usable client certificate: $CLIENT_CERT_PROBLEM"
         JOIN_STATE=partial
         return
     fi
     # The kubelet's own credentials may read its own Node object (Node authorizer).
-    if ! out=$(kubectl --kubeconfig "$KUBELET_CONF" --request-timeout=20s get node "$NODE_NAME" --ignore-not-found -o name); then
-        JOIN_STATE="unknown:the API does not answer this node's kubelet credentials"
+    errors=$(mktemp)
+    if ! out=$(kubectl --kubeconfig "$KUBELET_CONF" --request-timeout=20s get node "$NODE_NAME" --ignore-not-found -o name 2>"$errors"); then
+        out=$(head -n 3 "$errors")
+        rm -f "$errors"
+        # kubectl validates the kubeconfig before it dials (client-go clientcmd: "Error in
+        # configuration", "error loading config file"): credentials it cannot load are this node's
+        # problem, not the API's.
+        if grep -qE '^(Error in configuration|error loading config file)' <<<"$out"; then
+            log "kubectl cannot load this node's kubelet.conf: $out"
+            JOIN_STATE=partial
+        else
+            JOIN_STATE="unknown:the API does not answer this node's kubelet credentials (${out//$'\n'/ })"
+        fi
         return
     fi
+    rm -f "$errors"
     if [[ -n $out ]]; then JOIN_STATE=joined; else JOIN_STATE=partial; fi
 }
 
@@ -349,15 +410,27 @@ remove_own_stale_member() {
 }
 
 # finish_control_plane_join CONFIG: the join phases after etcd-join, each on its own and each
-# idempotent: the kubelet's TLS bootstrap against this node's API server (when kubelet.conf is
-# missing), then the control-plane label and taint. Both read the cluster's configuration through
-# discovery, so the refreshed token in CONFIG must be valid (the refresh ran right before).
+# idempotent: the kubelet's TLS bootstrap against this node's API server, then the control-plane
+# label and taint. A kubelet without a client certificate gets a new bootstrap-kubelet.conf and a
+# restart first (`kubeadm join phase kubelet-start`): a failed kubelet-wait-bootstrap removed the
+# old one, and the certificate-less kubelet.conf the kubelet wrote at startup cannot bootstrap
+# (bootstrap.go LoadClientConfig). kubelet-wait-bootstrap also runs when a join that died before
+# it left bootstrap-kubelet.conf (it holds the token) behind: it returns at once and removes it.
+# All read the cluster's configuration through discovery, so the refreshed token in CONFIG must be
+# valid (the refresh ran right before). A voting etcd member is never reset for this.
 finish_control_plane_join() {
-    local config=$1 logfile=${HERE:?}/kubeadm-join-phase.log
-    if [[ ! -f $KUBELET_CONF ]]; then
+    local config=$1 logfile=${HERE:?}/kubeadm-join-phase.log wait=0
+    if ! kubelet_client_cert; then
+        log "this node's kubelet has no client certificate ($CLIENT_CERT_PROBLEM): kubeadm join phase kubelet-start (output: $logfile, root-only)"
+        run_logged "$logfile" kubeadm join phase kubelet-start --config "$config" ||
+            die "kubeadm join phase kubelet-start failed (log above): this node's kubelet could not be given new bootstrap credentials"
+        wait=1
+    fi
+    if [[ -f $K8S_DIR/bootstrap-kubelet.conf ]]; then wait=1; fi
+    if ((wait)); then
         log "kubeadm join phase kubelet-wait-bootstrap (output: $logfile, root-only)"
         run_logged "$logfile" kubeadm join phase kubelet-wait-bootstrap --config "$config" ||
-            die "kubeadm join phase kubelet-wait-bootstrap failed: this node's kubelet did not bootstrap against its own API server; see 'journalctl -u kubelet' and 'crictl ps -a' on it"
+            die "kubeadm join phase kubelet-wait-bootstrap failed: this node's kubelet did not bootstrap against its own API server; see 'journalctl -u kubelet' and 'crictl ps -a' on it. The next 'pulumi up' gives it new bootstrap credentials (kubeadm join phase kubelet-start) and waits again; its etcd member stays"
     fi
     log "kubeadm join phase control-plane-join mark-control-plane (output: $logfile, root-only)"
     run_logged "$logfile" kubeadm join phase control-plane-join mark-control-plane --config "$config" ||

@@ -181,6 +181,10 @@ prepare_data_disk() {
     fi
     if [[ $DATA_DISK_MOUNT == /var/lib/etcd ]]; then
         chmod 0700 "$dir"
+        # A new ext4 has an empty lost+found, and kubeadm's preflight DirAvailable--var-lib-etcd
+        # refuses a /var/lib/etcd that holds anything: it goes, as on cloud-init's path
+        # (data-disk-ready.sh; e2fsck recreates it when it needs one). A non-empty one stays.
+        rmdir "$dir/lost+found" 2>/dev/null || true
     fi
     write_file "$ROOT/etc/systemd/system/$DATA_DISK_UNIT.service.d/10-labs-k8s-data-disk.conf" 0644 <<EOF
 # labs-k8s: $DATA_DISK_UNIT only starts with its data disk mounted, never on the root disk
@@ -205,13 +209,23 @@ install_base_packages() {
 
 # install_verified_key URL FINGERPRINT DEST: download a repository signing key and install it as
 # DEST only when it is the key with FINGERPRINT (a compromised mirror or proxy cannot swap it).
+# Every prepare run fetches it again: upstream extends its keys' expiry and adds subkeys under the
+# same fingerprint, and a keyring kept from the first run would make a later `apt-get update`
+# (an upgrade months on) fail on an expired key. A download that fails keeps the installed key
+# (the node may be offline meanwhile); a key with another fingerprint is refused every time.
+# Sets WROTE when DEST changed.
 install_verified_key() {
     local url=$1 fingerprint=$2 dest=$3 tmp gnupg_home
     local proxy=()
     [[ -z $APT_PROXY ]] || proxy=(--proxy "$APT_PROXY")
+    WROTE=0
     tmp=$(mktemp)
-    curl -fsSL --retry 3 --connect-timeout 10 --max-time 60 "${proxy[@]}" -o "$tmp" "$url" ||
-        die "could not download $url"
+    if ! curl -fsSL --retry 3 --connect-timeout 10 --max-time 60 "${proxy[@]}" -o "$tmp" "$url"; then
+        rm -f "$tmp"
+        [[ -s $dest ]] || die "could not download $url"
+        log "WARNING: could not download $url to check it again; keeping the installed ${dest#"$ROOT"}"
+        return 0
+    fi
     gnupg_home=$(mktemp -d)
     if ! GNUPGHOME=$gnupg_home gpg --batch --show-keys --with-colons "$tmp" 2>/dev/null |
         awk -F: '$1 == "fpr" {print $10}' | grep -qx "$fingerprint"; then
@@ -219,8 +233,14 @@ install_verified_key() {
         die "the key served by $url does not have the fingerprint $fingerprint"
     fi
     rm -rf "$gnupg_home"
+    if [[ -s $dest ]] && cmp -s "$tmp" "$dest"; then
+        rm -f "$tmp"
+        return 0
+    fi
     install -m 0644 "$tmp" "$dest"
     rm -f "$tmp"
+    log "installed ${dest#"$ROOT"} (fingerprint $fingerprint, from $url)"
+    WROTE=1
 }
 
 configure_repositories() {
@@ -233,19 +253,17 @@ configure_repositories() {
 
     # containerd 2.x: Kubernetes 1.36 dropped containerd 1.x and Debian 12 ships 1.6, so the
     # runtime comes from Docker's apt repository (containerd.io bundles runc; signed, patched).
-    if [[ ! -s $keyrings/docker.asc ]]; then
-        install_verified_key https://download.docker.com/linux/debian/gpg "$DOCKER_KEY_FINGERPRINT" "$keyrings/docker.asc"
-    fi
+    install_verified_key https://download.docker.com/linux/debian/gpg "$DOCKER_KEY_FINGERPRINT" "$keyrings/docker.asc"
+    if ((WROTE)); then APT_FRESH=0; fi
     write_file "$ROOT/etc/apt/sources.list.d/docker.list" 0644 <<EOF
 # labs-k8s: containerd.io 2.x (Debian 12's containerd is 1.6; Kubernetes 1.36 needs 2.x)
 deb [arch=$arch signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/debian $codename stable
 EOF
     if ((WROTE)); then APT_FRESH=0; fi
 
-    if [[ ! -s $keyrings/kubernetes-apt-keyring.asc ]]; then
-        install_verified_key "https://pkgs.k8s.io/core:/stable:/v$K8S_MINOR_VERSION/deb/Release.key" \
-            "$KUBERNETES_KEY_FINGERPRINT" "$keyrings/kubernetes-apt-keyring.asc"
-    fi
+    install_verified_key "https://pkgs.k8s.io/core:/stable:/v$K8S_MINOR_VERSION/deb/Release.key" \
+        "$KUBERNETES_KEY_FINGERPRINT" "$keyrings/kubernetes-apt-keyring.asc"
+    if ((WROTE)); then APT_FRESH=0; fi
     if ((LEAVE_KUBERNETES)) && [[ -s $KUBERNETES_LIST ]]; then
         log "leaving ${KUBERNETES_LIST#"$ROOT"} as it is: the upgrade steps switch it"
     else
