@@ -199,3 +199,65 @@ def test_the_template_layer_on_the_real_engine(engine_lab) -> None:
     assert destroyed.ok, lab.transcript()
     assert vcsim_templates(lab) == []
     assert_no_clear_secret(lab, json.dumps(lab.stack_export()), "`pulumi stack export` after destroy")
+
+
+def vcsim_machines(lab: EngineLab) -> list[tuple[str, bool]]:
+    """(name, is a template) of every VM vcsim holds."""
+    assert lab.password_file is not None
+    host, port = lab.vcsim.split(":")
+    script = (
+        "import json\nfrom pyVmomi import vim\nfrom components import vsphere as vs\n"
+        f"password = open({str(lab.password_file)!r}).read().strip()\n"
+        f"si = vs.connect({host!r}, 'labs', password, port={port}, insecure=True)\n"
+        "print(json.dumps(sorted((m.name, bool(m.config.template)) for m, _ in"
+        " vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, ['name']))))\n"
+    )
+    listed = lab.run("vcsim-machines", "python", "-c", script)
+    assert listed.ok, listed.output
+    return [(name, template) for name, template in json.loads(listed.stdout)]
+
+
+def test_an_up_whose_cli_is_killed_mid_build_converges_after_the_printed_fix(engine_lab) -> None:
+    """SIGKILL the CLI while the template's builder VM runs. The next `up` is refused with the
+    stack's lock and the command that clears it (the `file://` backend keeps the dead CLI's lock
+    file); after `pulumi cancel`, `up` converges on one template (the provider adopts the builder
+    the dead run left: no second one), warns of the interrupted create, and a preview then has
+    no change."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    lab = engine_lab()
+    readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
+    hold = lab.root / "installer-hold"  # the installer is still at work: the builder stays on
+    hold.touch()
+    log = lab.root / "killed-up.log"
+    with log.open("w") as out:
+        driver = subprocess.Popen(
+            ["ip", "netns", "exec", lab.netns, "python", "-m", "tests.engine_driver", "--stack", lab.stack,
+             "--pulumi-root", str(lab.bin_dir.parent), "--op", "up", "--program", "template"],
+            cwd=lab.workspace, env=lab.env(), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 240
+        while not [m for m in vcsim_machines(lab) if not m[1]]:
+            assert time.monotonic() < deadline and driver.poll() is None, log.read_text()[-3000:]
+            time.sleep(1)
+        cli = subprocess.run(["pgrep", "-f", f"^{lab.bin_dir}/pulumi .*\\bup\\b"], capture_output=True, text=True)
+        assert cli.stdout.split(), f"no running `pulumi up`:\n{log.read_text()[-3000:]}"
+        for pid in cli.stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+        driver.wait(timeout=60)
+    hold.unlink()
+
+    locked = lab.engine("up", program="template")
+    assert not locked.engine_result()["ok"]
+    assert "the stack is currently locked" in locked.output and "pulumi cancel" in locked.output, lab.transcript()
+    lab.pulumi("cancel", "--stack", lab.stack, "--yes")
+    resumed = lab.engine("up", program="template")
+    assert resumed.engine_result()["ok"], lab.transcript()
+    assert "pending operations from previous deployment" in resumed.output, lab.transcript()
+    machines = vcsim_machines(lab)
+    assert [template for _, template in machines] == [True], f"one template and nothing else: {machines}"
+    again = lab.engine("preview", program="template", expect_no_changes=True)
+    assert again.engine_result()["ok"], lab.transcript()
