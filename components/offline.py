@@ -289,8 +289,10 @@ class LabMocks(pulumi.runtime.Mocks):
         if name.endswith("-upgrade"):
             # What the upgrade step prints when its node is at the version of its bundle: the record
             # the next run reads back (components/upgrade.py).
-            version = _bundle_param(str(inputs.get("stdin", "")), "K8S_VERSION")
-            return f"{name.removesuffix('-upgrade')} already at v{version}" if version else ""
+            stdin = str(inputs.get("stdin", ""))
+            version = _bundle_param(stdin, "K8S_VERSION")
+            containerd = _bundle_param(stdin, "CONTAINERD_VERSION")
+            return f"{name.removesuffix('-upgrade')} already at v{version}, containerd {containerd}" if version else ""
         if "refresh-join" in name:
             return "sha256:" + _fake_hex(name, 64)
         if "kubeconfig" in name:

@@ -1,15 +1,17 @@
 """What the last deployment says about the cluster's Kubernetes version, and what follows from it.
 
-Every node's upgrade step prints where it left its node ("<node> already at v1.36.0", "<node>
-upgraded to v1.36.0; ..."), and the stack's state keeps that stdout. Read before anything is
-registered, it lets the program:
+Every node's upgrade step prints where it left its node ("<node> already at v1.36.0, containerd
+2.2.1", "<node> upgraded to v1.36.0, containerd 2.2.1; ..."), and the stack's state keeps that
+stdout. Read before anything is registered, it lets the program:
 
 - refuse a bad change of `labs-k8s:kubernetes.version` in config validation, in `pulumi preview`
   already: a downgrade, a skipped minor, a new minor while an earlier upgrade is unfinished. The
   first control plane checks the same against the running cluster before it changes anything (the
   state can be unreadable, or a node changed by hand);
 - run the upgrade chain serialized (one node at a time, kubeadm's procedure) only when some node of
-  the last deployment is not at the configured version. Otherwise, at creation and on every `up`
+  the last deployment is not at the configured version, or not on the configured containerd
+  (`labs-k8s:kubernetes.containerdVersion` is rolled by the same steps, drained, node by node).
+  Otherwise, at creation and on every `up`
   that does not change the version, the upgrade steps are no-ops and run in parallel after their
   node's join, so the graph's depth does not grow with the number of workers. When the state says
   nothing for certain, the chain is serialized: slower, never wrong.
@@ -25,6 +27,7 @@ from components.config import ConfigProblem, LabConfig, LabConfigError, Role
 from components.previous_state import PreviousState
 
 _RECORD = re.compile(r"^\S+ (?:already at|upgraded to) v(\d+)\.(\d+)\.(\d+)\b")
+_CONTAINERD_RECORD = re.compile(r"^\S+ (?:already at|upgraded to) v[\d.]+, containerd (\d+\.\d+\.\d+)\b")
 
 Version = tuple[int, int, int]
 
@@ -43,6 +46,13 @@ def recorded_version(stdout: str | None) -> Version | None:
     return major, minor, patch
 
 
+def recorded_containerd(stdout: str | None) -> str | None:
+    """The containerd version an upgrade step's stdout reports, or None (a step from before the
+    record carried it, or one that never finished)."""
+    match = _CONTAINERD_RECORD.match((stdout or "").strip())
+    return match.group(1) if match else None
+
+
 def parse_version(text: str) -> Version:
     major, minor, patch = (int(part) for part in text.removeprefix("v").split("."))
     return major, minor, patch
@@ -58,12 +68,14 @@ class VersionRecords:
 
     known: the previous state could be read. fresh: this stack has no previous deployment.
     versions: node name -> reported version, None when its step left no record (a node deployed
-    before upgrade steps existed, or whose step never finished).
+    before upgrade steps existed, or whose step never finished). containerd: node name -> the
+    containerd version its step reported, None likewise.
     """
 
     known: bool
     fresh: bool = False
     versions: Mapping[str, Version | None] = field(default_factory=dict)
+    containerd: Mapping[str, str | None] = field(default_factory=dict)
 
 
 def records_from(known: bool, previous_nodes: list[str] | None,
@@ -74,9 +86,12 @@ def records_from(known: bool, previous_nodes: list[str] | None,
         return VersionRecords(known=False)
     if previous_nodes is None:
         return VersionRecords(known=True, fresh=True)
-    return VersionRecords(known=True, versions={
-        name: recorded_version(stdout_of(upgrade_step_name(name))) for name in previous_nodes
-    })
+    stdouts = {name: stdout_of(upgrade_step_name(name)) for name in previous_nodes}
+    return VersionRecords(
+        known=True,
+        versions={name: recorded_version(stdout) for name, stdout in stdouts.items()},
+        containerd={name: recorded_containerd(stdout) for name, stdout in stdouts.items()},
+    )
 
 
 def version_problems(lab: LabConfig, records: VersionRecords) -> list[ConfigProblem]:
@@ -105,13 +120,16 @@ def version_problems(lab: LabConfig, records: VersionRecords) -> list[ConfigProb
 
 def rolling_upgrade(lab: LabConfig, records: VersionRecords) -> bool:
     """Must the upgrade steps run as the serialized chain this time? Yes unless the records prove
-    that every node of the last deployment is at the configured version (or there was none)."""
+    that every node of the last deployment is at the configured version and on the configured
+    containerd (or there was none): a containerd change alone is rolled node by node too."""
     if not records.known:
         return True
     if records.fresh:
         return False
     target = parse_version(lab.kubernetes.version)
-    return any(version != target for version in records.versions.values())
+    containerd = lab.kubernetes.containerd_version
+    return (any(version != target for version in records.versions.values())
+            or any(records.containerd.get(name) != containerd for name in records.versions))
 
 
 def records_from_previous(previous: PreviousState) -> VersionRecords:

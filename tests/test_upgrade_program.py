@@ -14,7 +14,14 @@ import pytest
 from components.changes import plan_changes
 from components.config import load_lab_config
 from components.offline import OfflineRun, RecordingMonitor, run_program
-from components.upgrade import VersionRecords, recorded_version, records_from, rolling_upgrade, version_problems
+from components.upgrade import (
+    VersionRecords,
+    recorded_containerd,
+    recorded_version,
+    records_from,
+    rolling_upgrade,
+    version_problems,
+)
 from tests.labs import make_lab_config, namespace
 from tests.test_config import problems
 
@@ -50,16 +57,20 @@ def test_workers_at_once_defaults_to_one(lab_config) -> None:
 NAMES = ("labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03", "labs-k8s-w01", "labs-k8s-w02")
 
 
-def records(**versions: str | None) -> VersionRecords:
-    stdouts = {f"{name}-upgrade": (f"{name} already at {versions.get(name[-3:], 'v1.35.2')}"
+def records(containerd: str | None = "2.2.1", **versions: str | None) -> VersionRecords:
+    with_containerd = f", containerd {containerd}" if containerd else ""
+    stdouts = {f"{name}-upgrade": (f"{name} already at {versions.get(name[-3:], 'v1.35.2')}{with_containerd}"
                                    if versions.get(name[-3:], "v1.35.2") else None) for name in NAMES}
     return records_from(True, list(NAMES), stdouts.get)
 
 
 def test_the_upgrade_steps_stdout_is_the_record() -> None:
-    assert recorded_version("labs-k8s-m01 already at v1.36.0\n") == (1, 36, 0)
-    assert recorded_version("labs-k8s-m01 upgraded to v1.36.2; etcd snapshot /var/lib/x.db") == (1, 36, 2)
+    assert recorded_version("labs-k8s-m01 already at v1.36.0, containerd 2.2.1\n") == (1, 36, 0)
+    assert recorded_version("labs-k8s-m01 upgraded to v1.36.2, containerd 2.2.1; etcd snapshot /x.db") == (1, 36, 2)
     assert recorded_version("prepared labs-k8s-m01") is None and recorded_version(None) is None
+    assert recorded_containerd("labs-k8s-m01 upgraded to v1.36.2, containerd 2.2.1; etcd snapshot /x.db") == "2.2.1"
+    assert recorded_containerd("labs-k8s-w01 already at v1.36.0, containerd 2.1.5\n") == "2.1.5"
+    assert recorded_containerd("labs-k8s-m01 already at v1.36.0") is None, "a record from before containerd was in it"
 
 
 @pytest.mark.parametrize(("version", "problem"), [
@@ -103,6 +114,14 @@ def test_the_chain_is_serialized_unless_every_node_is_proven_at_the_version() ->
     assert rolling_upgrade(lab, records(w02="v1.35.0")) is True
     assert rolling_upgrade(lab, records(w01=None)) is True, "a node without a record proves nothing"
     assert rolling_upgrade(lab, VersionRecords(known=False)) is True, "an unreadable state proves nothing"
+
+
+def test_a_containerd_change_alone_serializes_the_chain() -> None:
+    """labs-k8s:kubernetes.containerdVersion is rolled by the upgrade steps, drained, node by node."""
+    lab = make_lab_config(kubernetes={"version": "1.35.2"})
+    assert rolling_upgrade(lab, records(containerd="2.2.1")) is False
+    assert rolling_upgrade(lab, records(containerd="2.1.5")) is True, "a new pin: the chain"
+    assert rolling_upgrade(lab, records(containerd=None)) is True, "a record without containerd proves nothing"
 
 
 # --------------------------------------------------------------------------- the program under the mock engine
@@ -218,6 +237,41 @@ def test_a_resumed_upgrade_keeps_the_chain_and_leaves_the_done_nodes_alone(runs:
     assert resumed.depends_on("labs-k8s-w01-upgrade-drain", "labs-k8s-m02-upgrade")
     assert resumed.by_name("labs-k8s-m01-upgrade").plain_inputs == runs["upgraded"].by_name(
         "labs-k8s-m01-upgrade").plain_inputs, "m01 is done: its step does not run again"
+
+
+def containerd(value: str) -> dict[str, Any]:
+    return {"labs-k8s:kubernetes": {**namespace()["kubernetes"], "version": "1.35.2", "containerdVersion": value}}
+
+
+@pytest.fixture(scope="module")
+def containerd_runs(runs: dict[str, OfflineRun]) -> dict[str, OfflineRun]:
+    """The lab created at 1.35.2 (containerd 2.2.1), moved to containerd 2.1.5 alone, then `up` again."""
+    rolled = run_program("labs", overrides=containerd("2.1.5"), previous=runs["created"].previous_state())
+    again = run_program("labs", overrides=containerd("2.1.5"), previous=rolled.previous_state())
+    return {"rolled": rolled, "again": again}
+
+
+def test_a_containerd_change_alone_rolls_through_the_chain(runs: dict[str, OfflineRun],
+                                                           containerd_runs: dict[str, OfflineRun]) -> None:
+    """A new containerd pin re-runs every upgrade step, serialized as for a new Kubernetes version: one
+    control plane at a time, the workers drained one lane at a time (prepare-node.sh leaves containerd
+    alone on a joined node)."""
+    run = containerd_runs["rolled"]
+    for earlier, later in itertools.pairwise(CHAIN):
+        assert run.depends_on(later, earlier), (later, earlier)
+    assert direct(run, "labs-k8s-w02-upgrade-drain") == {"labs-k8s-w02-kubeadm-join", "labs-k8s-w01-upgrade-uncordon"}
+    for step in CHAIN:
+        assert "CONTAINERD_VERSION=2.1.5" in bundle_params(run.by_name(step)), step
+    replaced = [e.name for e in plan_changes(runs["created"], run).effects if e.action == "replace"]
+    assert [name for name in replaced if name in CHAIN] == CHAIN
+
+
+def test_the_same_containerd_again_changes_no_input(containerd_runs: dict[str, OfflineRun]) -> None:
+    rolled, again = containerd_runs["rolled"], containerd_runs["again"]
+    changed = [r.name for r in again.registrations.values()
+               if r.custom and r.plain_inputs != rolled.by_name(r.name).plain_inputs]
+    assert changed == []
+    assert direct(again, "labs-k8s-w02-upgrade-drain") == {"labs-k8s-w02-kubeadm-join"}, "no longer serialized"
 
 
 def test_workers_at_once_gives_lanes_in_the_graph() -> None:

@@ -154,16 +154,17 @@ def test_a_minor_upgrade_follows_kubeadms_procedure_node_by_node(cluster: FakeCl
         assert drain < restart < uncordon, name
 
     # The etcd snapshot, taken on m01 before `upgrade apply`, reported on stdout and kept on the root disk.
-    assert run.stdout("labs-k8s-m01-upgrade") == f"labs-k8s-m01 upgraded to v1.36.0; etcd snapshot {SNAPSHOT}\n"
+    assert run.stdout("labs-k8s-m01-upgrade") == (
+        f"labs-k8s-m01 upgraded to v1.36.0, containerd 2.2.1; etcd snapshot {SNAPSHOT}\n")
     m01 = cluster.nodes["labs-k8s-m01"]
     snapshot = m01.root / SNAPSHOT.lstrip("/")
     assert snapshot.stat().st_size % 512 == 32 and oct(snapshot.stat().st_mode)[-3:] == "600"
     assert (snapshot.parent / "etcd-before-v1.36.0.db.sha256").read_text().split()[1] == snapshot.name
     assert not list((m01.root / "var/lib/etcd").glob("labs-k8s-*")), "the copy on the etcd disk is moved away"
     for step in ("labs-k8s-m02-upgrade", "labs-k8s-m03-upgrade"):
-        assert run.stdout(step) == f"{step.removesuffix('-upgrade')} upgraded to v1.36.0\n"
+        assert run.stdout(step) == f"{step.removesuffix('-upgrade')} upgraded to v1.36.0, containerd 2.2.1\n"
     assert run.stdout("labs-k8s-w01-upgrade-drain") == "drained labs-k8s-w01\n"
-    assert run.stdout("labs-k8s-w01-upgrade") == "labs-k8s-w01 upgraded to v1.36.0\n"
+    assert run.stdout("labs-k8s-w01-upgrade") == "labs-k8s-w01 upgraded to v1.36.0, containerd 2.2.1\n"
     assert run.stdout("labs-k8s-w01-upgrade-uncordon") == "uncordoned labs-k8s-w01\n"
 
     # kubeadm renewed admin.conf on every control plane; root's kubeconfig is the renewed one.
@@ -189,7 +190,7 @@ def test_a_minor_upgrade_follows_kubeadms_procedure_node_by_node(cluster: FakeCl
     assert cluster.snapshot() == after
     assert events(cluster) == []
     assert {again.stdout(s) for s in again.results if s.endswith("-upgrade")} == {
-        f"{name} already at v1.36.0\n" for name in NODES}
+        f"{name} already at v1.36.0, containerd 2.2.1\n" for name in NODES}
     for name in NODES:
         calls = cluster.nodes[name].calls()
         assert not [c for c in calls if c[0] in ("apt-get", "apt-mark") and c[1] != "showhold"], name
@@ -215,7 +216,8 @@ def test_a_patch_upgrade_keeps_the_repository_and_still_drains(cluster: FakeClus
     assert_all_at(cluster, "v1.35.4")
     assert lists() == before
     snapshot = "/var/lib/labs-k8s/etcd-snapshots/etcd-before-v1.35.4.db"
-    assert run.stdout("labs-k8s-m01-upgrade") == f"labs-k8s-m01 upgraded to v1.35.4; etcd snapshot {snapshot}\n"
+    assert run.stdout("labs-k8s-m01-upgrade") == (
+        f"labs-k8s-m01 upgraded to v1.35.4, containerd 2.2.1; etcd snapshot {snapshot}\n")
 
 
 def test_preparing_a_running_node_for_a_new_version_changes_nothing(cluster: FakeCluster) -> None:
@@ -239,10 +241,69 @@ def test_the_configured_version_changes_nothing(cluster: FakeCluster) -> None:
     run = ok(run_chain(cluster, config(OLD.removeprefix("v"))))
     assert cluster.snapshot() == before
     assert events(cluster) == []
-    assert run.stdout("labs-k8s-m01-upgrade") == "labs-k8s-m01 already at v1.35.2\n"
+    assert run.stdout("labs-k8s-m01-upgrade") == "labs-k8s-m01 already at v1.35.2, containerd 2.2.1\n"
     assert run.stdout("labs-k8s-w01-upgrade-drain") == "labs-k8s-w01 already at v1.35.2\n"
-    assert run.stdout("labs-k8s-w01-upgrade") == "labs-k8s-w01 already at v1.35.2\n"
+    assert run.stdout("labs-k8s-w01-upgrade") == "labs-k8s-w01 already at v1.35.2, containerd 2.2.1\n"
     assert run.stdout("labs-k8s-w01-upgrade-uncordon") == "labs-k8s-w01 already at v1.35.2\n"
+
+
+def runtime_events(cluster: FakeCluster) -> list[str]:
+    """What a containerd roll does, as "<node>: <command>": drains, installs, restarts, uncordons."""
+    out = []
+    for node, command, *args in cluster.calls():
+        words = [a for a in args if not a.startswith("-")]
+        if command == "kubectl" and ("drain" in args or "uncordon" in args):
+            verb = "drain" if "drain" in args else "uncordon"
+            out.append(f"kubectl {verb} {args[args.index(verb) + 1]}")
+        elif command == "apt-get" and words[:1] == ["install"]:
+            out.append("apt-get install " + " ".join(w for w in words[1:] if "::" not in w))
+        elif command == "systemctl" and args[:1] == ["restart"]:
+            out.append("systemctl " + " ".join(args))
+        elif command == "kubeadm" and words[:1] == ["upgrade"]:
+            out.append("kubeadm " + " ".join(args))
+        else:
+            continue
+        out[-1] = f"{node.removeprefix('labs-k8s-')}: {out[-1]}"
+    return out
+
+
+def test_a_containerd_change_is_rolled_node_by_node_drained(cluster: FakeCluster) -> None:
+    """labs-k8s:kubernetes.containerdVersion alone: the prepare steps (every node at once) leave the
+    runtime of a joined node alone; the upgrade chain installs it, one node drained at a time."""
+    cfg = make_lab_config(kubernetes={"version": OLD.removeprefix("v"), "containerdVersion": "2.1.5"})
+    run = ok(run_chain(cluster, cfg, prepare=True))
+    for lab_node in cfg.kubernetes_nodes:
+        assert "containerdVersion 2.1.5 comes with its upgrade step, drained" in run.stderr(
+            k8s.prepare_step_name(lab_node))
+    package = "2.1.5-1~debian.12~bookworm"
+
+    def control_plane(node: str) -> list[str]:
+        return [f"{node}: kubectl drain labs-k8s-{node}", f"{node}: apt-get install containerd.io={package}",
+                f"{node}: systemctl restart containerd", f"{node}: systemctl restart kubelet",
+                f"{node}: kubectl uncordon labs-k8s-{node}"]
+
+    def worker(node: str) -> list[str]:
+        return [f"m01: kubectl drain labs-k8s-{node}", f"{node}: apt-get install containerd.io={package}",
+                f"{node}: systemctl restart containerd", f"{node}: systemctl restart kubelet",
+                f"m01: kubectl uncordon labs-k8s-{node}"]
+
+    assert runtime_events(cluster) == [*control_plane("m01"), *control_plane("m02"), *control_plane("m03"),
+                                       *worker("w01"), *worker("w02")], "no kubeadm upgrade, one node at a time"
+    assert most_cordoned_at_once(cluster) == 1
+    for name in NODES:
+        assert (cluster.nodes[name].state / "dpkg/containerd.io").read_text() == package, name
+        assert cluster.node_file(name, "runtime").read_text().strip() == "containerd://2.1.5", name
+        assert run.stdout(f"{name}-upgrade") == f"{name} upgraded to {OLD}, containerd 2.1.5\n"
+    assert_all_at(cluster, OLD)
+
+    # The same pin again: nothing is drained, installed or restarted.
+    after = cluster.snapshot()
+    cluster.reset_log()
+    again = ok(run_chain(cluster, cfg, prepare=True))
+    assert runtime_events(cluster) == []
+    assert cluster.snapshot() == after
+    assert {again.stdout(s) for s in again.results if s.endswith("-upgrade")} == {
+        f"{name} already at {OLD}, containerd 2.1.5\n" for name in NODES}
 
 
 def test_workers_at_once_makes_lanes() -> None:
@@ -323,7 +384,7 @@ def test_a_node_added_after_an_upgrade_installs_the_new_version_directly(cluster
     cluster.join("labs-k8s-w03", "v1.36.0")
     cluster.reset_log()
     run = ok(run_chain(cluster, lab, start="labs-k8s-w03-upgrade-drain"))
-    assert run.stdout("labs-k8s-w03-upgrade") == "labs-k8s-w03 already at v1.36.0\n"
+    assert run.stdout("labs-k8s-w03-upgrade") == "labs-k8s-w03 already at v1.36.0, containerd 2.2.1\n"
     assert events(cluster) == []
 
 
@@ -441,7 +502,7 @@ def test_the_cluster_is_checked_after_each_control_plane(cluster: FakeCluster) -
     cluster.reset_log()
     run = ok(run_chain(cluster, config("1.36.0"), start="labs-k8s-m01-upgrade"))
     # m01 was done: its step finds it so; the next control plane's check covers the cluster again.
-    assert run.stdout("labs-k8s-m01-upgrade") == "labs-k8s-m01 already at v1.36.0\n"
+    assert run.stdout("labs-k8s-m01-upgrade") == "labs-k8s-m01 already at v1.36.0, containerd 2.2.1\n"
     assert [e for e in events(cluster) if e.startswith("m01:") and "labs-k8s-w0" not in e] == []
     assert_all_at(cluster, "v1.36.0")
 

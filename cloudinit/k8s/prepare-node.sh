@@ -280,9 +280,14 @@ containerd_version() {
 
 # containerd.io at exactly labs-k8s:kubernetes.containerdVersion, held: the runtime under every
 # pod changes only when the config says so, never as a side effect of an apt upgrade.
+CONTAINERD_INSTALLED=0
 install_containerd() {
     local current candidate installed
     current=$(pkg_version containerd.io)
+    if ((LEAVE_CONTAINERD)); then
+        hold_packages containerd.io
+        return 0
+    fi
     if [[ $current != "$CONTAINERD_VERSION"-* ]]; then
         apt_update
         candidate=$(apt-cache madison containerd.io | awk -v prefix="$CONTAINERD_VERSION-" 'index($3, prefix) == 1 {print $3; exit}')
@@ -290,6 +295,7 @@ install_containerd() {
             die "Docker's repository has no containerd.io $CONTAINERD_VERSION for this release/architecture (labs-k8s:kubernetes.containerdVersion; apt-cache madison containerd.io lists: $(apt-cache madison containerd.io | awk '{print $3}' | head -n 5 | tr '\n' ' '))"
         log "installing containerd.io $candidate (found: ${current:-none}; labs-k8s:kubernetes.containerdVersion is $CONTAINERD_VERSION)"
         "${APT_INSTALL[@]}" --allow-change-held-packages "containerd.io=$candidate"
+        CONTAINERD_INSTALLED=1
     fi
     installed=$(containerd_version)
     if [[ -z $installed ]] || version_lt "$installed" "$CONTAINERD_MIN_VERSION"; then
@@ -402,7 +408,8 @@ EOF
     if [[ $(systemctl is-enabled containerd 2>/dev/null || true) != enabled ]]; then
         systemctl enable containerd
     fi
-    if ((changed)); then
+    # A new containerd binary runs only once restarted (the package's own restart is not relied on).
+    if ((changed || CONTAINERD_INSTALLED)); then
         systemctl restart containerd
     elif ! systemctl is-active --quiet containerd; then
         systemctl start containerd
@@ -455,6 +462,16 @@ if [[ -f $KUBELET_CONF && -n $running && $running != "$K8S_VERSION"-* ]]; then
     LEAVE_KUBERNETES=1
     K8S_VERSION=${running%%-*}
     K8S_MINOR_VERSION=${K8S_VERSION%.*}
+fi
+
+# containerd likewise: on a node in the cluster, a new labs-k8s:kubernetes.containerdVersion is
+# installed by its upgrade step, drained, one node at a time (upgrade-lib.sh reprepare_node sets
+# LABS_K8S_ROLL_CONTAINERD), never here on every node at once under their pods.
+LEAVE_CONTAINERD=0
+running=$(pkg_version containerd.io)
+if [[ -f $KUBELET_CONF && -n $running && $running != "$CONTAINERD_VERSION"-* && -z ${LABS_K8S_ROLL_CONTAINERD:-} ]]; then
+    log "$NODE_NAME runs containerd.io ${running%%-*} in the cluster; labs-k8s:kubernetes.containerdVersion $CONTAINERD_VERSION comes with its upgrade step, drained: leaving containerd as it is meanwhile"
+    LEAVE_CONTAINERD=1
 fi
 
 configure_apt_proxy

@@ -10,16 +10,18 @@
 #   Then, on both: drain this node, kubelet and kubectl, the node converged for the new version
 #   (prepare-node.sh), kubelet restarted, Ready at the new version, uncordon; and a check of the
 #   cluster: this node's control-plane pods at the new version, etcd healthy, the API on the VIP.
+#   A change of labs-k8s:kubernetes.containerdVersion alone takes part 3 and the check: drained,
+#   containerd.io installed and restarted (prepare-node.sh), kubelet restarted, Ready, uncordoned.
 #
 # Every part is guarded, so a run that died anywhere resumes where it stopped, and a node already
 # at the version changes nothing. kubeadm renews this node's certificates (admin.conf included)
 # during `upgrade apply`/`upgrade node`; root's kubeconfig copy is refreshed afterwards.
 #
 # Parameters (params.env): NODE_NAME, UPGRADE_MODE, K8S_VERSION, K8S_MINOR_VERSION,
-# CONTAINERD_MIN_VERSION, VIP, API_PORT, API_WAIT_SECONDS, NODE_WAIT_SECONDS, DRAIN_TIMEOUT_SECONDS,
+# CONTAINERD_MIN_VERSION, CONTAINERD_VERSION, VIP, API_PORT, API_WAIT_SECONDS, NODE_WAIT_SECONDS, DRAIN_TIMEOUT_SECONDS,
 # VERIFY_TIMEOUT_SECONDS, VERIFY_INTERVAL_SECONDS, PREPARE_DIR (this node's prepare step directory).
-# stdout: "<node> upgraded to vX.Y.Z" (first control plane: "...; etcd snapshot <path>") or
-# "<node> already at vX.Y.Z".
+# stdout: "<node> upgraded to vX.Y.Z, containerd A.B.C" (first control plane: "...; etcd snapshot
+# <path>") or "<node> already at vX.Y.Z, containerd A.B.C".
 set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -28,7 +30,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/upgrade-lib.sh"
 require_root
 load_params "$HERE"
-: "${NODE_NAME:?}" "${UPGRADE_MODE:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${CONTAINERD_MIN_VERSION:?}"
+: "${NODE_NAME:?}" "${UPGRADE_MODE:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${CONTAINERD_MIN_VERSION:?}" "${CONTAINERD_VERSION:?}"
 : "${VIP:?}" "${API_PORT:?}" "${API_WAIT_SECONDS:?}" "${NODE_WAIT_SECONDS:?}" "${DRAIN_TIMEOUT_SECONDS:?}"
 : "${VERIFY_TIMEOUT_SECONDS:?}" "${VERIFY_INTERVAL_SECONDS:?}" "${PREPARE_DIR:?}"
 [[ $UPGRADE_MODE == apply || $UPGRADE_MODE == node ]] || die "UPGRADE_MODE must be apply or node, not '$UPGRADE_MODE'"
@@ -73,7 +75,7 @@ check_transition() {
         fi
         if [[ $runtime == containerd://* ]]; then
             if version_lt "${runtime#containerd://}" "$CONTAINERD_MIN_VERSION"; then
-                problems+=("node $name runs containerd ${runtime#containerd://}; Kubernetes $K8S_MINOR_VERSION needs containerd $CONTAINERD_MIN_VERSION or newer: raise labs-k8s:kubernetes.containerdVersion and let pulumi up re-prepare the nodes before this upgrade")
+                problems+=("node $name runs containerd ${runtime#containerd://}; Kubernetes $K8S_MINOR_VERSION needs containerd $CONTAINERD_MIN_VERSION or newer: the upgrade steps roll labs-k8s:kubernetes.containerdVersion node by node: set it with labs-k8s:kubernetes.version ${current#v} first and run pulumi up, then this upgrade")
             fi
         else
             problems+=("node $name reports the container runtime '$runtime', not containerd")
@@ -157,9 +159,9 @@ node_state "$NODE_NAME"
 ((NODE_FOUND)) || die "node $NODE_NAME is not registered in the cluster"
 
 if [[ $CURRENT == "$TARGET" ]] && control_plane_at "$TARGET" && packages_at "$K8S_VERSION" kubeadm kubelet kubectl &&
-    [[ $NODE_KUBELET == "$TARGET" && -z $NODE_MARK ]]; then
-    log "$NODE_NAME is at $TARGET already (control plane, kubeadm, kubelet, kubectl): nothing to do"
-    result "$NODE_NAME already at $TARGET"
+    [[ $NODE_KUBELET == "$TARGET" && -z $NODE_MARK ]] && containerd_at; then
+    log "$NODE_NAME is at $TARGET already (control plane, kubeadm, kubelet, kubectl) with containerd $CONTAINERD_VERSION: nothing to do"
+    result "$NODE_NAME already at $(at_versions)"
     exit 0
 fi
 
@@ -204,9 +206,9 @@ control_plane_at "$TARGET" ||
 # kubeadm renewed the certificate in admin.conf: root's copy follows it.
 setup_root_kubeconfig
 
-# 3. kubelet and kubectl, with the node drained.
+# 3. kubelet and kubectl, and the pinned containerd.io, with the node drained.
 node_state "$NODE_NAME"
-if [[ $NODE_KUBELET != "$TARGET" ]] || ! packages_at "$K8S_VERSION" kubelet kubectl; then
+if [[ $NODE_KUBELET != "$TARGET" ]] || ! packages_at "$K8S_VERSION" kubelet kubectl || ! containerd_at; then
     drain_for_upgrade "$NODE_NAME" "$TARGET"
     install_kubernetes_packages_at "$K8S_VERSION" kubelet kubectl
     reprepare_node
@@ -224,7 +226,7 @@ if ! wait_for "$VERIFY_TIMEOUT_SECONDS" "$VERIFY_INTERVAL_SECONDS" verify_contro
 fi
 log "$NODE_NAME is at $TARGET; its control plane is Running, etcd is healthy, the API answers on $VIP"
 if [[ $UPGRADE_MODE == apply && -n $SNAPSHOT_PATH ]]; then
-    result "$NODE_NAME upgraded to $TARGET; etcd snapshot $SNAPSHOT_PATH"
+    result "$NODE_NAME upgraded to $(at_versions); etcd snapshot $SNAPSHOT_PATH"
 else
-    result "$NODE_NAME upgraded to $TARGET"
+    result "$NODE_NAME upgraded to $(at_versions)"
 fi

@@ -4,12 +4,13 @@
 #
 #   drain     once the cluster (kubeadm-config) is at the new version: cordon and evict the worker,
 #             respecting PodDisruptionBudgets, and mark it (labs-k8s/cordoned-for-upgrade) when it
-#             was schedulable. Nothing to do when the worker already runs the new kubelet.
+#             was schedulable. Nothing to do when the worker already runs the new kubelet on the
+#             pinned containerd (its Node's containerRuntimeVersion).
 #   uncordon  once the worker is Ready at the new version: uncordon it if the upgrade cordoned it;
 #             a worker an operator had cordoned stays cordoned.
 #
-# Parameters (params.env): DRAIN_NODE, K8S_VERSION, API_WAIT_SECONDS, NODE_WAIT_SECONDS,
-# DRAIN_TIMEOUT_SECONDS.
+# Parameters (params.env): DRAIN_NODE, K8S_VERSION, CONTAINERD_VERSION, API_WAIT_SECONDS,
+# NODE_WAIT_SECONDS, DRAIN_TIMEOUT_SECONDS.
 # stdout: "drained <node>" | "uncordoned <node>" | "<node> already at vX.Y.Z" | "<node> left cordoned".
 set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -19,7 +20,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/upgrade-lib.sh"
 require_root
 load_params "$HERE"
-: "${DRAIN_NODE:?}" "${K8S_VERSION:?}" "${API_WAIT_SECONDS:?}" "${NODE_WAIT_SECONDS:?}" "${DRAIN_TIMEOUT_SECONDS:?}"
+: "${DRAIN_NODE:?}" "${K8S_VERSION:?}" "${CONTAINERD_VERSION:?}" "${API_WAIT_SECONDS:?}" "${NODE_WAIT_SECONDS:?}" "${DRAIN_TIMEOUT_SECONDS:?}"
 ACTION=${1:-}
 [[ $ACTION == drain || $ACTION == uncordon ]] || die "usage: ${0##*/} drain|uncordon"
 TARGET=v$K8S_VERSION
@@ -35,11 +36,11 @@ wait_for "$API_WAIT_SECONDS" 5 registered ||
 
 case $ACTION in
 drain)
-    if [[ $NODE_KUBELET == "$TARGET" ]]; then
+    if [[ $NODE_KUBELET == "$TARGET" && $NODE_RUNTIME == "$CONTAINERD_VERSION" ]]; then
         if [[ -n $NODE_MARK ]]; then
-            log "$DRAIN_NODE already runs kubelet $TARGET and is cordoned for the upgrade: its uncordon step follows"
+            log "$DRAIN_NODE already runs kubelet $TARGET on containerd $CONTAINERD_VERSION and is cordoned for the upgrade: its uncordon step follows"
         else
-            log "$DRAIN_NODE already runs kubelet $TARGET: not draining it"
+            log "$DRAIN_NODE already runs kubelet $TARGET on containerd $CONTAINERD_VERSION: not draining it"
         fi
         result "$DRAIN_NODE already at $TARGET"
         exit 0

@@ -57,17 +57,34 @@ cluster_version() {
 }
 
 # node_state NODE: read the Node object once. Sets NODE_FOUND (0/1), NODE_READY (True, False,
-# Unknown), NODE_KUBELET (v1.36.0), NODE_CORDONED (true/false) and NODE_MARK (the upgrade's mark).
+# Unknown), NODE_KUBELET (v1.36.0), NODE_CORDONED (true/false), NODE_MARK (the upgrade's mark) and
+# NODE_RUNTIME (.status.nodeInfo.containerRuntimeVersion without "containerd://" and a "v": 2.2.1).
 node_state() {
     local json
-    NODE_FOUND=0 NODE_READY=Unknown NODE_KUBELET="" NODE_CORDONED=false NODE_MARK=""
+    NODE_FOUND=0 NODE_READY=Unknown NODE_KUBELET="" NODE_CORDONED=false NODE_MARK="" NODE_RUNTIME=""
     json=$(kq get node "$1" -o json 2>/dev/null) || return 0
     [[ -n $json ]] || return 0
     NODE_FOUND=1
-    IFS='|' read -r NODE_READY NODE_KUBELET NODE_CORDONED NODE_MARK < <(jq -r --arg key "$UPGRADE_MARK" '[
+    IFS='|' read -r NODE_READY NODE_KUBELET NODE_CORDONED NODE_MARK NODE_RUNTIME < <(jq -r --arg key "$UPGRADE_MARK" '[
         ([.status.conditions[]? | select(.type == "Ready") | .status][0] // "Unknown"),
         (.status.nodeInfo.kubeletVersion // ""), (.spec.unschedulable // false),
-        (.metadata.annotations[$key] // "")] | join("|")' <<<"$json")
+        (.metadata.annotations[$key] // ""),
+        (.status.nodeInfo.containerRuntimeVersion // "" | sub("^containerd://v?"; ""))] | join("|")' <<<"$json")
+}
+
+# ------------------------------------------------------------------ containerd (labs-k8s:kubernetes.containerdVersion)
+# A new containerd pin is rolled like a Kubernetes upgrade: in the same steps, drained, one control
+# plane at a time and workersAtOnce workers at a time; prepare-node.sh leaves it alone on a node in
+# the cluster (LEAVE_CONTAINERD) until reprepare_node below, in the node's upgrade step.
+
+# containerd_at: this node's containerd.io package is at CONTAINERD_VERSION.
+containerd_at() {
+    [[ $(pkg_version containerd.io) == "$CONTAINERD_VERSION"-* ]]
+}
+
+# at_versions: what the upgrade steps' stdout records, read back by components/upgrade.py.
+at_versions() {
+    printf '%s, containerd %s\n' "$TARGET" "$CONTAINERD_VERSION"
 }
 
 # wait_node_at NODE VERSION: bounded wait for the node to report Ready with its kubelet at VERSION.
@@ -197,8 +214,11 @@ reprepare_node() {
     local dir=$ROOT$PREPARE_DIR
     [[ -f $dir/prepare-node.sh && -f $dir/params.env ]] ||
         die "no $PREPARE_DIR/prepare-node.sh on $NODE_NAME: its prepare step runs before its upgrade step; run pulumi up again"
-    grep -qx "K8S_VERSION=$K8S_VERSION" "$dir/params.env" ||
-        die "$PREPARE_DIR holds the preparation of another version than $K8S_VERSION: its prepare step runs before its upgrade step; run pulumi up again"
-    log "converging $NODE_NAME for $TARGET ($PREPARE_DIR/prepare-node.sh)"
-    STEP_NAME=prepare-node bash "$dir/prepare-node.sh" >&2 || die "prepare-node.sh failed after the packages were upgraded (log above)"
+    { grep -qx "K8S_VERSION=$K8S_VERSION" "$dir/params.env" && grep -qx "CONTAINERD_VERSION=$CONTAINERD_VERSION" "$dir/params.env"; } ||
+        die "$PREPARE_DIR holds the preparation of another version than Kubernetes $K8S_VERSION with containerd $CONTAINERD_VERSION: its prepare step runs before its upgrade step; run pulumi up again"
+    log "converging $NODE_NAME for $TARGET with containerd $CONTAINERD_VERSION ($PREPARE_DIR/prepare-node.sh)"
+    # The node is drained: its containerd may change now (prepare-node.sh LEAVE_CONTAINERD).
+    LABS_K8S_ROLL_CONTAINERD=1 STEP_NAME=prepare-node bash "$dir/prepare-node.sh" >&2 ||
+        die "prepare-node.sh failed after the packages were upgraded (log above)"
+    containerd_at || die "containerd.io is $(pkg_version containerd.io) after prepare-node.sh, not labs-k8s:kubernetes.containerdVersion $CONTAINERD_VERSION"
 }

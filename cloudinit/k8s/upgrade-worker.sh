@@ -2,7 +2,9 @@
 # upgrade-worker.sh: move one worker to labs-k8s:kubernetes.version, following kubeadm's procedure
 # for worker nodes: pkgs.k8s.io repository of the new minor; kubeadm; `kubeadm upgrade node` (the
 # kubelet configuration of the new version); kubelet and kubectl; the node converged for the new
-# version (prepare-node.sh); kubelet restarted; Ready at the new version.
+# version (prepare-node.sh); kubelet restarted; Ready at the new version. A change of
+# labs-k8s:kubernetes.containerdVersion alone takes the same path without the Kubernetes packages:
+# containerd.io installed and restarted (prepare-node.sh), kubelet restarted, Ready.
 #
 # It runs between its drain and its uncordon (upgrade-drain.sh on a control plane, one step each):
 # a worker has no cluster-admin credentials. Its own kubelet.conf is enough to read its Node and the
@@ -10,9 +12,9 @@
 # while the control planes are not at the new version (a kubelet is never newer than the apiservers).
 # Guarded: a worker already at the version changes nothing; a run that died resumes.
 #
-# Parameters (params.env): NODE_NAME, K8S_VERSION, K8S_MINOR_VERSION, API_WAIT_SECONDS,
-# NODE_WAIT_SECONDS, PREPARE_DIR (this node's prepare step directory).
-# stdout: "<node> upgraded to vX.Y.Z" or "<node> already at vX.Y.Z".
+# Parameters (params.env): NODE_NAME, K8S_VERSION, K8S_MINOR_VERSION, CONTAINERD_VERSION,
+# API_WAIT_SECONDS, NODE_WAIT_SECONDS, PREPARE_DIR (this node's prepare step directory).
+# stdout: "<node> upgraded to vX.Y.Z, containerd A.B.C" or "<node> already at vX.Y.Z, containerd A.B.C".
 set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -21,7 +23,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/upgrade-lib.sh"
 require_root
 load_params "$HERE"
-: "${NODE_NAME:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${API_WAIT_SECONDS:?}" "${NODE_WAIT_SECONDS:?}" "${PREPARE_DIR:?}"
+: "${NODE_NAME:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${CONTAINERD_VERSION:?}" "${API_WAIT_SECONDS:?}" "${NODE_WAIT_SECONDS:?}" "${PREPARE_DIR:?}"
 TARGET=v$K8S_VERSION
 [[ -f $KUBELET_CONF ]] || die "no ${KUBELET_CONF#"$ROOT"}: $NODE_NAME has not joined the cluster"
 CLUSTER_KUBECONFIG=$KUBELET_CONF
@@ -35,10 +37,11 @@ wait_for "$API_WAIT_SECONDS" 5 registered ||
 
 # Done, unless the upgrade cordoned this node and its kubelet is not Ready yet: then the restart is
 # what is left to do (a node that is NotReady for another reason, say before the CNI, is not ours).
-if packages_at "$K8S_VERSION" kubeadm kubelet kubectl && [[ $NODE_KUBELET == "$TARGET" ]] &&
-    [[ $NODE_READY == True || -z $NODE_MARK ]]; then
-    log "$NODE_NAME is at $TARGET already (kubeadm, kubelet, kubectl): nothing to do"
-    result "$NODE_NAME already at $TARGET"
+KUBERNETES_AT=0
+if packages_at "$K8S_VERSION" kubeadm kubelet kubectl && [[ $NODE_KUBELET == "$TARGET" ]]; then KUBERNETES_AT=1; fi
+if ((KUBERNETES_AT)) && containerd_at && [[ $NODE_READY == True || -z $NODE_MARK ]]; then
+    log "$NODE_NAME is at $TARGET already (kubeadm, kubelet, kubectl) with containerd $CONTAINERD_VERSION: nothing to do"
+    result "$NODE_NAME already at $(at_versions)"
     exit 0
 fi
 
@@ -50,19 +53,22 @@ fi
     die "the cluster is at $CURRENT, not $TARGET: the control planes' upgrade steps must succeed before any worker (a kubelet is never newer than the apiservers). Nothing was changed"
 [[ $NODE_CORDONED == true ]] ||
     die "$NODE_NAME is not cordoned: its drain step (upgrade-drain.sh drain, on a control plane) runs first; not upgrading the kubelet under running workloads. Nothing was changed"
-log "upgrading $NODE_NAME from kubelet $NODE_KUBELET to $TARGET"
+log "upgrading $NODE_NAME from kubelet $NODE_KUBELET, containerd.io $(pkg_version containerd.io) to $TARGET, containerd $CONTAINERD_VERSION"
 
-use_kubernetes_repository "$K8S_MINOR_VERSION"
-install_kubernetes_packages_at "$K8S_VERSION" kubeadm
-[[ $(kubeadm version -o short) == "$TARGET" ]] || die "kubeadm version says $(kubeadm version -o short), expected $TARGET"
-# On a worker, `kubeadm upgrade node` writes the kubelet configuration of the cluster's version.
-if ! run_logged "$HERE/kubeadm-upgrade-node.log" kubeadm upgrade node; then
-    die "kubeadm upgrade node failed (log above); $NODE_NAME stays cordoned. Run pulumi up again to retry: kubeadm upgrade is idempotent"
+if ! ((KUBERNETES_AT)); then
+    use_kubernetes_repository "$K8S_MINOR_VERSION"
+    install_kubernetes_packages_at "$K8S_VERSION" kubeadm
+    [[ $(kubeadm version -o short) == "$TARGET" ]] || die "kubeadm version says $(kubeadm version -o short), expected $TARGET"
+    # On a worker, `kubeadm upgrade node` writes the kubelet configuration of the cluster's version.
+    if ! run_logged "$HERE/kubeadm-upgrade-node.log" kubeadm upgrade node; then
+        die "kubeadm upgrade node failed (log above); $NODE_NAME stays cordoned. Run pulumi up again to retry: kubeadm upgrade is idempotent"
+    fi
+    install_kubernetes_packages_at "$K8S_VERSION" kubelet kubectl
 fi
-install_kubernetes_packages_at "$K8S_VERSION" kubelet kubectl
+# Also the pinned containerd.io, installed and restarted while the node is drained.
 reprepare_node
 systemctl daemon-reload
 systemctl restart kubelet
 wait_node_at "$NODE_NAME" "$TARGET"
-log "$NODE_NAME is Ready at $TARGET; its uncordon step follows"
-result "$NODE_NAME upgraded to $TARGET"
+log "$NODE_NAME is Ready at $TARGET with containerd $CONTAINERD_VERSION; its uncordon step follows"
+result "$NODE_NAME upgraded to $(at_versions)"

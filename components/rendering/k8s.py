@@ -25,8 +25,9 @@ and teardown-guard run on whichever control plane is healthy (components/cluster
 one through the VIP).
 
 Upgrades (a change of labs-k8s:kubernetes.version), node by node in the order of upgrade_order:
-- upgrade-control-plane.sh "<node> upgraded to vX.Y.Z[; etcd snapshot <path>]" | "<node> already at vX.Y.Z"
-- upgrade-worker.sh        "<node> upgraded to vX.Y.Z" | "<node> already at vX.Y.Z"
+- upgrade-control-plane.sh "<node> upgraded to vX.Y.Z, containerd A.B.C[; etcd snapshot <path>]" |
+                           "<node> already at vX.Y.Z, containerd A.B.C"
+- upgrade-worker.sh        "<node> upgraded to vX.Y.Z, containerd A.B.C" | "<node> already at vX.Y.Z, containerd A.B.C"
 - upgrade-drain.sh         (argument drain|uncordon) "drained <node>" | "uncordoned <node>" |
                            "<node> already at vX.Y.Z" | "<node> left cordoned"
 
@@ -506,6 +507,8 @@ def _upgrade_version_params(cfg: LabConfig) -> dict[str, ParamValue]:
     return {
         "K8S_VERSION": cfg.kubernetes.version,
         "K8S_MINOR_VERSION": cfg.kubernetes.minor_version,
+        # A new containerd pin re-runs the upgrade steps too: they roll it node by node, drained.
+        "CONTAINERD_VERSION": cfg.kubernetes.containerd_version,
         "API_WAIT_SECONDS": API_WAIT_SECONDS,
         "NODE_WAIT_SECONDS": NODE_WAIT_SECONDS,
     }
