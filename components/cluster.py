@@ -39,7 +39,7 @@ order above without the upgrade steps in between.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pulumi
 import pulumi_random as random
@@ -68,9 +68,12 @@ class KubeadmCluster(pulumi.ComponentResource):
         balancers_ready: Sequence[pulumi.Resource],
         private_key: pulumi.Input[str],
         previous: PreviousState | None = None,
+        node_keys: Mapping[str, pulumi.Input[str]] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("labs-k8s:k8s:KubeadmCluster", name, None, opts)
+        # The steps that carry the token or the certificate key are sealed to these (remote.run_step).
+        self._node_keys = node_keys
         child = pulumi.ResourceOptions(parent=self)
         self._lab = lab
         self._private_key = private_key
@@ -244,6 +247,7 @@ class KubeadmCluster(pulumi.ComponentResource):
             timeout=timeout,
             extra_triggers=extra_triggers,
             order_after=order_after,
+            node_keys=self._node_keys,
         )
 
     def _cluster_step(self, step: str, **kwargs: object) -> remote.Command:
@@ -261,11 +265,19 @@ class KubeadmCluster(pulumi.ComponentResource):
         join_name = f"{node.name}-kubeadm-join"
         refresh_name = f"{node.name}-refresh-join-material"
         pending = self._previous.stdout(join_name) not in JOIN_DONE
+        # The certificate key (it decrypts the cluster's CA keys in kubeadm-certs) goes only where
+        # certificates are uploaded: before a control plane's join, never before a worker's.
+        if node.role is Role.CONTROL_PLANE:
+            refresh_files = lambda token, key: k8s_rendering.refresh_files(lab, token, key, node)  # noqa: E731
+            refresh_secrets = [self.token, self.certificate_key]
+        else:
+            refresh_files = lambda token: k8s_rendering.refresh_files(lab, token, None, node)  # noqa: E731
+            refresh_secrets = [self.token]
         refresh = self._cluster_step(
             refresh_name,
-            files=lambda token, key: k8s_rendering.refresh_files(lab, token, key, node),
+            files=refresh_files,
             entrypoint=k8s_rendering.REFRESH_ENTRYPOINT,
-            secrets=[self.token, self.certificate_key],
+            secrets=refresh_secrets,
             depends_on=[self.prepared[node.name], leave],
             handles_secrets=True,
             extra_triggers=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
@@ -296,6 +308,7 @@ class KubeadmCluster(pulumi.ComponentResource):
             # stdout ("joined") stays readable in the state: the next `up` tells a finished join by it.
             handles_secrets=True,
             plain_stdout=True,
+            node_keys=self._node_keys,
         )
         self.joins[node.name] = join
         return join
