@@ -34,16 +34,21 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 venv: $(VENV)/.runtime
 venv-dev: $(VENV)/.dev
 
+# The CLI runs without SSH_AUTH_SOCK: pulumi-command dials the agent whenever the variable is set and
+# fails every remote step when that socket is gone (a stale one from a closed session), before it tries
+# the lab's key (pulumi-command 1.2.1 remote/connection.go SShConfig). The steps use labs-k8s:sshPrivateKey only.
+NO_AGENT := env -u SSH_AUTH_SOCK
+
 # Before the Pulumi CLI runs: is it installed and logged in, which backend and stack, does the
 # stack exist (up/preview create it, destroy never does), are its settings complete
 # (components/first_run.py). Each problem comes with the command that fixes it.
 up: venv
 	$(PY) -m components check --stack $(STACK) --for up
-	pulumi up --stack $(STACK)
+	$(NO_AGENT) pulumi up --stack $(STACK)
 
 preview: venv
 	$(PY) -m components check --stack $(STACK) --for preview
-	pulumi preview --stack $(STACK) --diff
+	$(NO_AGENT) pulumi preview --stack $(STACK) --diff
 
 # --refresh: `pulumi destroy` alone trusts the state, and the vSphere provider's delete of a VM that
 # is already gone from vCenter fails ("cannot locate virtual machine with UUID"), while its read
@@ -51,7 +56,7 @@ preview: venv
 # virtualmachine.UUIDNotFoundError). Reading first lets a destroy finish with a node already gone.
 destroy: venv
 	$(PY) -m components check --stack $(STACK) --for destroy
-	pulumi destroy --stack $(STACK) --refresh
+	$(NO_AGENT) pulumi destroy --stack $(STACK) --refresh
 
 render: venv
 	$(PY) -m components render --stack $(STACK) --out render
