@@ -182,14 +182,17 @@ class KubeadmCluster(pulumi.ComponentResource):
             depends_on=[],
             order_after=[self.init, last_control_plane],
             handles_secrets=True,
+            # Exported only with its proof that a control plane printed it (a forged one would send
+            # kubectl to another API server, trusting another CA).
+            authenticated=True,
             extra_triggers=[
                 self._previous.next_generation("kubeconfig", "kubeconfig-renewal", renew),
                 f"kubernetes:{lab.kubernetes.version}",
             ],
         )
-        self.kubeconfig = pulumi.Output.secret(self.kubeconfig_step.stdout)
+        self.kubeconfig = steps.proven_stdout(self.kubeconfig_step, self._node_key_of_a_control_plane())
         self.kubeconfig_valid_until = pulumi.Output.unsecret(
-            self.kubeconfig_step.stdout.apply(k8s_rendering.kubeconfig_valid_until)
+            self.kubeconfig.apply(k8s_rendering.kubeconfig_valid_until)
         )
 
         # Deleted first on `pulumi destroy` (it depends on every leave guard): its delete marks the
@@ -217,6 +220,12 @@ class KubeadmCluster(pulumi.ComponentResource):
         )
         self.register_outputs({"kubeconfig": self.kubeconfig})
 
+    def _node_key_of_a_control_plane(self) -> pulumi.Input[str]:
+        """Any control plane's key opens a step through the VIP (each is one of its recipients)."""
+        if self._node_keys is None:
+            raise ValueError("the cluster needs the fleet's node keys")
+        return self._node_keys[self._lab.control_planes[0].name]
+
     def _step(
         self,
         resource_name: str,
@@ -231,6 +240,7 @@ class KubeadmCluster(pulumi.ComponentResource):
         timeout: str = "30m",
         extra_triggers: Sequence[pulumi.Input[str]] = (),
         order_after: Sequence[pulumi.Resource] = (),
+        authenticated: bool = False,
     ) -> remote.Command:
         return steps.run_step(
             resource_name,
@@ -248,6 +258,7 @@ class KubeadmCluster(pulumi.ComponentResource):
             extra_triggers=extra_triggers,
             order_after=order_after,
             node_keys=self._node_keys,
+            authenticated=authenticated,
         )
 
     def _cluster_step(self, step: str, **kwargs: object) -> remote.Command:
@@ -280,6 +291,7 @@ class KubeadmCluster(pulumi.ComponentResource):
             secrets=refresh_secrets,
             depends_on=[self.prepared[node.name], leave],
             handles_secrets=True,
+            authenticated=True,
             extra_triggers=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
             # After the previous join (one control plane at a time); its re-run is no reason to
             # refresh again: this node's own steps and join attempts are.
@@ -302,7 +314,8 @@ class KubeadmCluster(pulumi.ComponentResource):
             files=files,
             entrypoint=entrypoint,
             secrets=secrets,
-            args=[refresh.stdout.apply(str.strip)],
+            # The CA hash the join pins: used only with its proof that a control plane printed it.
+            args=[steps.proven_stdout(refresh, self._node_key_of_a_control_plane()).apply(str.strip)],
             parent=self,
             depends_on=[self.prepared[node.name], refresh, leave],
             # stdout ("joined") stays readable in the state: the next `up` tells a finished join by it.

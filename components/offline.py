@@ -223,6 +223,8 @@ class LabMocks(pulumi.runtime.Mocks):
         # What `pulumi:pulumi:readStackResourceOutputs` answers: {urn: {type, outputs}} of the
         # stack's last checkpoint (OfflineRun.previous_state of an earlier run), empty for a new stack.
         self.previous = dict(previous or {})
+        # RandomPassword results by resource name: the node keys a proving step's answer is proven with.
+        self.passwords: dict[str, str] = {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         if (args.typ, args.name) in self.kept:
@@ -235,11 +237,12 @@ class LabMocks(pulumi.runtime.Mocks):
             outputs.update(uuid=f"4200{_fake_hex(args.name, 28)}", moid=f"vm-{_fake_hex(args.name, 4)}")
         elif args.typ == "random:index/randomPassword:RandomPassword":
             outputs["result"] = _fake_hex(args.name, int(args.inputs.get("length", 16)))
+            self.passwords[args.name] = outputs["result"]
         elif args.typ == "random:index/randomId:RandomId":
             size = int(args.inputs.get("byteLength", 32))
             outputs.update(hex=_fake_hex(args.name, size * 2), b64Std="", b64Url="", dec="")
         elif args.typ == "command:remote:Command":
-            outputs.update(stdout=self._command_stdout(args.name, args.inputs), stderr="")
+            outputs.update(stdout=self._proven(self._command_stdout(args.name, args.inputs), args.inputs), stderr="")
         elif args.typ == "pulumi-python:dynamic:Resource":
             # Both dynamic providers return their inputs as outputs (few, small); the template
             # build adds the UUID, managed object id and guest id of the template it made.
@@ -250,6 +253,21 @@ class LabMocks(pulumi.runtime.Mocks):
                 outputs.update(uuid=f"4201{_fake_hex(built, 28)}", moid=f"vm-{_fake_hex(built, 4)}",
                                guestId="debian12_64Guest")
         return resource_id, outputs
+
+    def _proven(self, stdout: str, inputs: Mapping[str, Any]) -> str:
+        """What unseal-step.sh prints on a host that opened a proving bundle: the answer, then its proof
+        (the node keys are the mock's own RandomPassword results, `<node>-node-key`)."""
+        from components.rendering import sealed
+
+        stdin = str(_unwrap(inputs.get("stdin", "")))  # a secret input arrives in its wire form
+        if f"/{sealed.PROVE_FILE} <<" not in stdin:
+            return stdout
+        for host in sealed.recipients_of(stdin):
+            key = self.passwords.get(f"{host}-node-key")
+            if key is not None:
+                answer = stdout.rstrip("\n")  # as `answer=$(...)` in unseal-step.sh keeps it
+                return f"{answer}\n{sealed.proof(stdin, key, answer)}"
+        return stdout
 
     def _command_stdout(self, name: str, inputs: Mapping[str, Any]) -> str:
         if name.endswith("-kubeadm-join"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -161,6 +162,7 @@ def run_step(
     upstream_triggers: bool = True,
     order_after: Sequence[pulumi.Resource] = (),
     node_keys: Mapping[str, pulumi.Input[str]] | None = None,
+    authenticated: bool = False,
 ) -> remote.Command:
     """Register one remote step.
 
@@ -188,12 +190,14 @@ def run_step(
     A step with `secrets` is sealed (rendering/sealed.py) to the `node_keys` of the hosts meant to
     run it: its node, or every control plane for a step through the VIP. pulumi-command checks no
     host key, so whatever host answers for the address gets the stdin; only the VM holds its key.
+    `authenticated` seals it even without a secret and makes its answer (stdout) carry a proof
+    that such a host gave it: read it with `proven_stdout`, never `.stdout`.
     """
     step_name = resource_name
     recipients: list[str] = []
-    if secrets:
+    if secrets or authenticated:
         if node_keys is None:
-            raise ValueError(f"{resource_name}: a step that carries a secret needs the node keys to seal it to")
+            raise ValueError(f"{resource_name}: a sealed step needs the node keys to seal it to")
         recipients = [node.name] if node is not None else [cp.name for cp in lab.control_planes]
     key_values = [node_keys[name] for name in recipients] if node_keys is not None else []
 
@@ -204,17 +208,19 @@ def run_step(
         if not recipients:
             return plain
         keys = values[len(secrets) + len(args) :]
-        return sealed.seal(step_name, plain, dict(zip(recipients, (str(k) for k in keys), strict=True)))
+        return sealed.seal(
+            step_name, plain, dict(zip(recipients, (str(k) for k in keys), strict=True)), prove=authenticated
+        )
 
     stdin: pulumi.Input[str]
     stdin_hash: pulumi.Input[str]
-    if not secrets and all(isinstance(a, str) for a in args):
+    if not recipients and all(isinstance(a, str) for a in args):
         # Known now: no Output machinery (it dominates evaluation time for large labs).
         stdin = bundle(list(args))
         stdin_hash = content_hash(stdin)
     else:
         stdin = pulumi.Output.all(*secrets, *args, *key_values).apply(bundle)
-        if secrets:
+        if recipients:
             stdin = pulumi.Output.secret(stdin)
         stdin_hash = stdin.apply(content_hash)
     # The identities of this machine's earlier steps and VM (`depends_on`, never `order_after`) are
@@ -249,7 +255,7 @@ def run_step(
         target = cluster_connection(lab, private_key, dial_attempts)
     else:
         target = connection(lab, node, private_key, dial_attempts)
-    return command(
+    step = command(
         resource_name,
         connection=target,
         create=create,
@@ -259,3 +265,22 @@ def run_step(
         logging=remote.Logging.NONE if handles_secrets else remote.Logging.STDOUT_AND_STDERR,
         opts=options,
     )
+    # What was sent, for proven_stdout: the proof is checked against this bundle, not against the
+    # provider's echo of it.
+    _SENT[step] = stdin
+    return step
+
+
+_SENT: weakref.WeakKeyDictionary[remote.Command, pulumi.Input[str]] = weakref.WeakKeyDictionary()
+
+
+def proven_stdout(step: remote.Command, node_key: pulumi.Input[str]) -> pulumi.Output[str]:
+    """The answer of an `authenticated` step, once its proof line checks out against `node_key` (any
+    one of its recipients'); the deployment stops with the step's name and the reason otherwise,
+    before anything uses the answer (a join pinning a forged CA hash, a forged kubeconfig exported)."""
+
+    def verify(values: list[Any]) -> str:
+        stdin, stdout, key = values
+        return sealed.verified_answer(step._name, str(stdin), str(key), str(stdout))
+
+    return pulumi.Output.secret(pulumi.Output.all(_SENT[step], step.stdout, node_key).apply(verify))

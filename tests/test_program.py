@@ -639,13 +639,43 @@ def test_steps_with_secrets_are_sealed_to_the_hosts_meant_to_run_them(offline_ru
         hosts = [n for n in NODES if NODES[n] in meant_for] if endpoint_of(reg) != CLUSTER_ENDPOINT else control_planes
         assert sealed.recipients_of(stdin) == hosts, reg.name
         inner = sealed.unseal(stdin, _node_key(offline_run, hosts[-1]))
-        assert secrets["bootstrap-token-secret"] in _bundle_texts(inner) or secrets["vrrp-password"] in _bundle_texts(
-            inner
-        ), reg.name
+        if reg.name != "kubeconfig":  # sealed for its proven answer, it carries no secret in
+            assert secrets["bootstrap-token-secret"] in _bundle_texts(inner) or secrets["vrrp-password"] in (
+                _bundle_texts(inner)
+            ), reg.name
         for other in set(NODES) - set(hosts):
             with pytest.raises(ValueError, match="not among"):
                 sealed.unseal(stdin, _node_key(offline_run, other))
-    assert sealed_steps == 2 + 1 + 5 + 5  # lb-setup x2, init, refresh x5, join x5
+    assert sealed_steps == 2 + 1 + 5 + 5 + 1  # lb-setup x2, init, refresh x5, join x5, kubeconfig
+
+
+def test_answers_the_program_relies_on_are_proven_before_use(offline_run):
+    """A host that answers for the VIP's SSH port without being a control plane could print a CA hash
+    of its own (a join would then trust its API server, and give it the token) or a kubeconfig of
+    its own (kubectl would trust its CA). Both answers carry a proof only a host that opened the
+    sealed bundle can compute; the program uses them only once it checks out."""
+    key = _node_key(offline_run, "labs-k8s-m02")
+    for name in ("labs-k8s-w01-refresh-join-material", "labs-k8s-m02-refresh-join-material", "kubeconfig"):
+        reg = offline_run.by_name(name)
+        stdin, stdout = reg.plain_inputs["stdin"], reg.plain_outputs["stdout"]
+        assert f"/{sealed.PROVE_FILE} <<" in stdin
+        answer = sealed.verified_answer(name, stdin, key, stdout)
+        assert answer and sealed.PROOF_PREFIX not in answer
+        forged = stdout.replace(answer, answer[:-1] + ("0" if answer[-1] != "0" else "1"))
+        with pytest.raises(ValueError, match=f"{name}: the answer's proof is wrong"):
+            sealed.verified_answer(name, stdin, key, forged)
+        with pytest.raises(ValueError, match=f"{name}: the answer has no proof"):
+            sealed.verified_answer(name, stdin, key, answer)
+    # What the join pins is the proven hash; the exported kubeconfig is the proven text.
+    refresh = offline_run.by_name("labs-k8s-w01-refresh-join-material")
+    join = offline_run.by_name("labs-k8s-w01-kubeadm-join")
+    proven = sealed.verified_answer("r", refresh.plain_inputs["stdin"], key, refresh.plain_outputs["stdout"])
+    inner = sealed.unseal(join.plain_inputs["stdin"], _node_key(offline_run, "labs-k8s-w01"))
+    assert f"exec bash ./join-worker.sh {proven}" in inner
+    kubeconfig = offline_run.by_name("kubeconfig")
+    assert sealed.PROOF_PREFIX not in sealed.verified_answer(
+        "k", kubeconfig.plain_inputs["stdin"], key, kubeconfig.plain_outputs["stdout"]
+    )
 
 
 def test_the_certificate_key_goes_only_to_steps_that_upload_or_fetch_certificates(offline_run):

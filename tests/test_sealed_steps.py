@@ -140,6 +140,25 @@ def test_the_right_vm_opens_its_bundle_and_runs_it_with_its_arguments(offline_ru
     assert "kubeadm-join.yaml" in sealed.unseal(join, key)
 
 
+def test_a_proving_front_ends_the_answer_with_a_proof_the_program_accepts(offline_run, tmp_path):
+    """What pulumi-command hands back (stdout, its last newline trimmed) from the real VM's front
+    passes the program's check; the same answer without the bundle key cannot be proven."""
+    key = _key(offline_run, "labs-k8s-m01")
+    inner = step_bundle("probe", {"run.sh": 'printf "sha256:abc\\n\\n"\n'}, "run.sh")
+    inner = inner.replace(STEP_ROOT, str(tmp_path / "steps"))
+    bundle = sealed.seal("probe", inner, {"labs-k8s-m01": key, "labs-k8s-m02": _key(offline_run, "labs-k8s-m02")},
+                         prove=True)
+    result = _run_bundle(tmp_path, bundle, key)
+    assert result.returncode == 0, result.stderr
+    stdout = result.stdout.removesuffix("\n")  # pulumi-command: strings.TrimSuffix(stdout, "\n")
+    assert sealed.verified_answer("probe", bundle, _key(offline_run, "labs-k8s-m02"), stdout) == "sha256:abc"
+    # A script that fails gets no proof: the step fails on its exit code, nothing is proven.
+    failing = step_bundle("probe2", {"run.sh": "echo half; exit 4\n"}, "run.sh").replace(
+        STEP_ROOT, str(tmp_path / "steps"))
+    result = _run_bundle(tmp_path, sealed.seal("probe2", failing, {"labs-k8s-m01": key}, prove=True), key)
+    assert result.returncode == 4 and sealed.PROOF_PREFIX not in result.stdout
+
+
 def test_openssl_on_the_node_and_the_program_agree_on_the_format(tmp_path):
     """The program encrypts in Python; the node decrypts with `openssl enc` (and back)."""
     text = "x" * 1000 + "\n"

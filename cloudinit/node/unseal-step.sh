@@ -65,7 +65,6 @@ bundle_key=$(decrypt "$node_key" <<<"$wrapped") || die "cannot unwrap the bundle
 unset node_key
 inner=$HERE/sealed-bundle.sh
 decrypt "$bundle_key" <"$HERE/sealed-bundle" >"$inner" || die "cannot decrypt the sealed bundle"
-unset bundle_key
 read -r want <"$HERE/sealed-sha256"
 have=$(sha256sum <"$inner")
 [[ ${have%% *} == "$want" ]] || die "the decrypted bundle is not the one sealed (SHA-256 differs)"
@@ -73,4 +72,16 @@ have=$(sha256sum <"$inner")
 # writes stay only in the root-only files of the step directory, as for any other step.
 exec 4<"$inner"
 rm -f "$inner"
-exec bash /dev/fd/4 "$@"
+if [[ ! -f $HERE/sealed-prove ]]; then
+    unset bundle_key
+    exec bash /dev/fd/4 "$@"
+fi
+# An answer the program relies on (the CA hash a join pins, the exported kubeconfig): a last line
+# proves it came from a host that could open the bundle, a SHA-256 over the bundle key and the
+# answer (components/rendering/sealed.py `verified_answer` checks it before using the answer).
+rc=0
+answer=$(bash /dev/fd/4 "$@") || rc=$?
+printf '%s\n' "$answer"
+((rc == 0)) || exit "$rc"
+proof=$({ printf 'labs-k8s proof\n%s\n' "$bundle_key" && printf '%s' "$answer"; } | sha256sum)
+printf 'labs-k8s-proof %s\n' "${proof%% *}"

@@ -38,6 +38,8 @@ UNSEAL_ENTRYPOINT = "unseal-step.sh"
 RECIPIENTS_FILE = "sealed-recipients"
 PAYLOAD_FILE = "sealed-bundle"
 DIGEST_FILE = "sealed-sha256"
+PROVE_FILE = "sealed-prove"
+PROOF_PREFIX = "labs-k8s-proof "
 # Must match unseal-step.sh. The keys are random, not passwords: the iterations only cost time.
 PBKDF2_ITERATIONS = 10000
 _SALT_MAGIC = b"Salted__"
@@ -79,9 +81,10 @@ def decrypt(password: str, text: str) -> bytes:
     return unpadder.update(padded) + unpadder.finalize()
 
 
-def seal(step: str, bundle: str, recipients: Mapping[str, str]) -> str:
+def seal(step: str, bundle: str, recipients: Mapping[str, str], prove: bool = False) -> str:
     """`bundle` (a step_bundle) sealed to `recipients` (host name -> node key): a step bundle of
-    its own whose entrypoint, unseal-step.sh, decrypts and runs it on one of those hosts only."""
+    its own whose entrypoint, unseal-step.sh, decrypts and runs it on one of those hosts only.
+    `prove`: the front ends the answer (stdout) with a proof line only such a host can compute."""
     if not recipients:
         raise ValueError(f"{step}: a sealed bundle needs at least one recipient")
     for name, node_key in recipients.items():
@@ -100,6 +103,8 @@ def seal(step: str, bundle: str, recipients: Mapping[str, str]) -> str:
         PAYLOAD_FILE: encrypt(bundle_key, plaintext) + "\n",
         DIGEST_FILE: hashlib.sha256(plaintext).hexdigest() + "\n",
     }
+    if prove:
+        files[PROVE_FILE] = "the answer ends with a proof line (unseal-step.sh)\n"
     return step_bundle(step, files, UNSEAL_ENTRYPOINT, (step,))
 
 
@@ -116,11 +121,37 @@ def recipients_of(sealed: str) -> list[str]:
     return [line.split()[0] for line in _bundle_file(sealed, RECIPIENTS_FILE).splitlines()]
 
 
-def unseal(sealed: str, node_key: str) -> str:
-    """The bundle inside `sealed`, for the holder of `node_key` (tests and tooling)."""
+def _bundle_key(sealed: str, node_key: str) -> str:
     for line in _bundle_file(sealed, RECIPIENTS_FILE).splitlines():
         _name, wanted, wrapped = line.split()
         if wanted == key_id(node_key):
-            bundle_key = decrypt(node_key, wrapped).decode()
-            return decrypt(bundle_key, _bundle_file(sealed, PAYLOAD_FILE).strip()).decode()
+            return decrypt(node_key, wrapped).decode()
     raise ValueError("this node key is not among the bundle's recipients")
+
+
+def unseal(sealed: str, node_key: str) -> str:
+    """The bundle inside `sealed`, for the holder of `node_key` (tests and tooling)."""
+    return decrypt(_bundle_key(sealed, node_key), _bundle_file(sealed, PAYLOAD_FILE).strip()).decode()
+
+
+def proof(sealed: str, node_key: str, answer: str) -> str:
+    """The proof line unseal-step.sh prints after `answer` (its stdout, trailing newlines dropped)."""
+    digest = hashlib.sha256(f"labs-k8s proof\n{_bundle_key(sealed, node_key)}\n".encode() + answer.encode())
+    return PROOF_PREFIX + digest.hexdigest()
+
+
+def verified_answer(step: str, sealed: str, node_key: str, stdout: str) -> str:
+    """The answer of a proving step (stdout as pulumi-command returns it), once its proof line shows
+    that the host that answered could open the bundle: an impostor can print anything, but not this."""
+    answer, _, last = stdout.rpartition("\n")
+    if not last.startswith(PROOF_PREFIX):
+        raise ValueError(
+            f"{step}: the answer has no proof that a host of {', '.join(recipients_of(sealed))} gave it: "
+            "another machine may answer for the address (docs/cluster.md, \"Host identity\"); not used"
+        )
+    if not hmac.compare_digest(last, proof(sealed, node_key, answer.rstrip("\n"))):
+        raise ValueError(
+            f"{step}: the answer's proof is wrong: it did not come from a host of "
+            f"{', '.join(recipients_of(sealed))} (docs/cluster.md, \"Host identity\"); not used"
+        )
+    return answer
