@@ -93,11 +93,11 @@ def test_a_host_at_the_nodes_address_without_its_key_gets_nothing_secret(offline
     bundle) cannot open it: the step fails naming m02 and why, and no secret lands on the host."""
     join = offline_run.by_name("labs-k8s-m02-kubeadm-join")
     key = {
-        "no-vmware": None,
-        "no-key": None,
-        "other-node": _key(offline_run, "labs-k8s-m01"),
-        "random-key": "Z" * sealed.NODE_KEY_LENGTH,
-    }[impostor]
+        "no-vmware": lambda: None,
+        "no-key": lambda: None,
+        "other-node": lambda: _key(offline_run, "labs-k8s-m01"),
+        "random-key": lambda: "Z" * sealed.NODE_KEY_LENGTH,
+    }[impostor]()
     result = _run_bundle(tmp_path, join.plain_inputs["stdin"], key, with_rpctool=impostor != "no-vmware")
     assert result.returncode != 0
     assert "refusing to run: this host" in result.stderr and "is not labs-k8s-m02" in result.stderr, result.stderr
