@@ -1,9 +1,13 @@
-# labs-k8s. The two commands a new machine needs: `make up` and `make test`.
+# labs-k8s. After README "Your first lab" (tools, a backend, the site's stack file and secrets),
+# `make up STACK=<site>` builds the lab and `make test` runs the suite; `make help` lists the rest.
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 
-STACK ?= labs
+# No default stack for up/preview/destroy: with a default of `labs`, a new shell that forgot
+# `export STACK` created a stack named after the example and wrote its encryptionsalt into the
+# tracked Pulumi.labs.yaml. `make render` alone, offline, falls back to the example.
+STACK ?=
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,19 +15,22 @@ PIP := $(VENV)/bin/pip
 # Our lock files hold PyPI hashes: ignore machine-wide pip settings (extra indexes, find-links).
 PIP_ENV := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=
 
-.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim
+.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain stack-named
 
 help:
-	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack $(STACK)"
-	@echo "make test     create the virtualenv, install what the tests need, run the whole suite"
-	@echo "make preview  check, then pulumi preview --stack $(STACK) (what a pull request shows)"
-	@echo "make destroy  check, then pulumi destroy --stack $(STACK) --refresh (never creates a stack)"
-	@echo "              (STACK=<site> or export STACK: README, \"Your first lab\")"
+	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack \$$STACK"
+	@echo "make preview  check, then pulumi preview --stack \$$STACK --diff (what a pull request shows)"
+	@echo "make destroy  check, then pulumi destroy --stack \$$STACK --refresh (never creates a stack)"
+	@echo "              these three need STACK=<site> or export STACK (README, \"Your first lab\", step 3)"
 	@echo "make render   offline: plan.json, graph.mmd and every file pushed to a machine, into render/"
+	@echo "make test     create the virtualenv, install what the tests need, run the whole suite"
+	@echo "make lint     ruff and shellcheck"
+	@echo "make venv     only the virtualenv .venv with the pinned runtime dependencies (Python 3.11+)"
+	@echo "make lock     renew requirements*.txt (pinned, with hashes) from requirements*.in"
 	@echo "make bench    print the benchmarks' figures"
 
 $(VENV)/.runtime: requirements.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	bash scripts/make-venv.sh $(PYTHON) $(VENV)
 	$(PIP_ENV) $(PIP) install -q --require-hashes -r requirements.txt
 	touch $@
 
@@ -39,14 +46,24 @@ venv-dev: $(VENV)/.dev
 # the lab's key (pulumi-command 1.2.1 remote/connection.go SShConfig). The steps use labs-k8s:sshPrivateKey only.
 NO_AGENT := env -u SSH_AUTH_SOCK
 
+# Before the virtualenv and the CLI: which stack (no default, see STACK above).
+stack-named:
+	@if [ -z "$(STACK)" ]; then \
+	  echo "make $(or $(MAKECMDGOALS),up): which stack? STACK is not set (a new shell forgets \`export STACK\`):" >&2; \
+	  echo "    export STACK=<your site's stack>      # README, \"Your first lab\", step 3" >&2; \
+	  found=$$(ls Pulumi.*.yaml 2>/dev/null | sed -n 's/^Pulumi\.\(.*\)\.yaml$$/\1/p' | { grep -vx labs || true; } | tr '\n' ' '); \
+	  [ -z "$$found" ] || echo "  Stack files in this checkout: $$found" >&2; \
+	  exit 2; \
+	fi
+
 # Before the Pulumi CLI runs: is it installed and logged in, which backend and stack, does the
 # stack exist (up/preview create it, destroy never does), are its settings complete
 # (components/first_run.py). Each problem comes with the command that fixes it.
-up: venv
+up: stack-named venv
 	$(PY) -m components check --stack $(STACK) --for up
 	$(NO_AGENT) pulumi up --stack $(STACK)
 
-preview: venv
+preview: stack-named venv
 	$(PY) -m components check --stack $(STACK) --for preview
 	$(NO_AGENT) pulumi preview --stack $(STACK) --diff
 
@@ -54,12 +71,12 @@ preview: venv
 # is already gone from vCenter fails ("cannot locate virtual machine with UUID"), while its read
 # marks such a VM gone (terraform-provider-vsphere resourceVSphereVirtualMachineDelete / Read,
 # virtualmachine.UUIDNotFoundError). Reading first lets a destroy finish with a node already gone.
-destroy: venv
+destroy: stack-named venv
 	$(PY) -m components check --stack $(STACK) --for destroy
 	$(NO_AGENT) pulumi destroy --stack $(STACK) --refresh
 
 render: venv
-	$(PY) -m components render --stack $(STACK) --out render
+	$(PY) -m components render --stack $(or $(STACK),labs) --out render
 
 system-deps:
 	bash scripts/install-test-deps.sh
@@ -69,7 +86,13 @@ vcsim: system-deps
 	bash tests/tools/build_vcsim.sh >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "vcsim could not be built here; its tests will skip (they fail under CI=true)" >&2; }
 
-test: venv-dev system-deps vcsim
+# The real Pulumi CLI and the plugins the Go module proxy serves, built from Go modules
+# (tests/tools/toolchain/manifest.json says which, at which version, and which are refused).
+toolchain: system-deps
+	bash tests/tools/build_toolchain.sh >/dev/null || { [ "$${CI:-}" != true ] && \
+	  echo "the Pulumi toolchain could not be built here; the real-engine tests will skip (they fail under CI=true)" >&2; }
+
+test: venv-dev system-deps vcsim toolchain
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 

@@ -11,7 +11,7 @@ from components.upgrade import check_version_change
 
 # Validation and preflight raise before any resource is registered.
 inputs = read_stack_inputs()
-previous = read_previous_state()
+previous = read_previous_state(inputs.lab.previous_state.unreadable)
 try:
     check_control_plane_change(inputs.lab, previous)
     check_version_change(inputs.lab, previous)

@@ -14,7 +14,7 @@ live lab (components/drills, docs/drills.md).
 `python -m components privileges [--stack labs] [--phase up|preview]`: the govc commands that
 create the vCenter roles this project needs (docs/runbook.md, "vCenter privileges").
 
-`python -m components check --stack labs --for up|preview|destroy`: what `make up`, `make preview`
+`python -m components check --stack STACK --for up|preview|destroy`: what `make up`, `make preview`
 and `make destroy` run before the Pulumi CLI: the CLI, the login, the stack and its settings.
 
 They run with the project's virtualenv (`make venv`: .venv/bin/python -m components ...).
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     privileges_parser.add_argument("--principal", help="the vCenter user or group (default: the stack's vsphere:user)")
     privileges_parser.add_argument("--write-docs", action="store_true", help="rewrite docs/runbook.md's blocks")
     check_parser = commands.add_parser("check", help="before make up/preview/destroy: CLI, login, stack, settings")
-    check_parser.add_argument("--stack", default="labs")
+    check_parser.add_argument("--stack", required=True, help="the stack make up/preview/destroy were given (STACK)")
     check_parser.add_argument("--for", dest="purpose", choices=("up", "preview", "destroy"), required=True)
     args = parser.parse_args(argv)
     if args.command == "render":

@@ -584,6 +584,8 @@ def _add_worker(ns: dict[str, Any]) -> None:
 
 def _remove_worker(ns: dict[str, Any]) -> None:
     _hosts(ns, "workers").pop()
+    # The example has two: one left needs the opt-in (components/config.py, domain_problems); it renders nothing.
+    ns["kubernetes"]["allowSingleWorker"] = True
 
 
 def _move_worker(ns: dict[str, Any]) -> None:
@@ -629,7 +631,8 @@ CHANGE_CASES: tuple[ChangeCase, ...] = (
     ChangeCase("`ssh.publicKey` + `sshPrivateKey` (the second `up` of a key rotation)", _swap_to_next_key,
                {"labs-k8s:sshPrivateKey": _ROTATED_PRIVATE_KEY}),
     # The login is read at each call and is in no resource's inputs; the runbook's "Rotating the
-    # vCenter password" says why one `up` still matters (refresh/destroy, pulumi/pulumi#18740).
+    # vCenter password" says why one `up` still matters: refresh and destroy use the provider
+    # config recorded at the last `up` (providers/registry.go Registry.Same; #18740 reverted by #18756).
     ChangeCase("`vsphere:password` (a vCenter password rotation)", lambda ns: None,
                {"vsphere:password": "a-rotated-vcenter-password"}),
     ChangeCase("`network.ntpServers`", _set("network", ntpServers=["ntp1.labs.local"])),

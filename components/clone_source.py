@@ -31,6 +31,10 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
 
 
+# State contract: every deployed stack's state pickles this class by its qualified name
+# `components.clone_source.CloneSourceProvider`, and the dynamic-provider host unpickles it for
+# every diff, refresh and destroy (pulumi/dynamic/__main__.py get_provider). Never rename or move
+# it; if a layout change must, keep an importable alias here (tests/test_state_contract.py pins it).
 class CloneSourceProvider(ResourceProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         # A new id per creation: the VM's replace_trigger carries it.

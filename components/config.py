@@ -42,6 +42,7 @@ TOP_LEVEL_KEYS = (
     "antiAffinity",
     "mirrors",
     "preflight",
+    "previousState",
 )
 
 # Minors this program knows how to install: the kubeadm API version and the containerd
@@ -171,6 +172,8 @@ class KubernetesConfig(_Model):
     containerd_version: str = "2.2.1"
     # Explicit non-HA opt-in: exactly one control plane.
     allow_single_control_plane: bool = False
+    # Explicit opt-in: one worker, which every upgrade drains with nowhere for its pods to go.
+    allow_single_worker: bool = False
     upgrade: UpgradeConfig = UpgradeConfig()
 
     @property
@@ -233,6 +236,12 @@ class PreflightConfig(_Model):
     kubernetes_packages_url: str = "https://pkgs.k8s.io/core:/stable:"
 
 
+class PreviousStateConfig(_Model):
+    # What a run does when the last deployment's state cannot be read (components/previous_state.py):
+    # "fail" stops before anything is registered; "ignore", for one run, goes on without it.
+    unreadable: Literal["fail", "ignore"] = "fail"
+
+
 # VMware's range for manually assigned MACs: 00:50:56:00:00:00-00:50:56:3F:FF:FF. vCenter
 # refuses a static MAC with VMware's OUI outside it (the rest is for generated MACs).
 VMWARE_MANUAL_MAC_PREFIX = "00:50:56"
@@ -289,6 +298,7 @@ class LabConfig(_Model):
     anti_affinity: AntiAffinityConfig = AntiAffinityConfig()
     mirrors: MirrorsConfig = MirrorsConfig()
     preflight: PreflightConfig = PreflightConfig()
+    previous_state: PreviousStateConfig = PreviousStateConfig()
 
     def role_config(self, role: Role) -> RoleConfig:
         return {
@@ -366,13 +376,23 @@ _PYDANTIC_HINTS = {
     "extra_forbidden": "unknown key; check its spelling against Pulumi.labs.yaml (keys are camelCase)",
     "ip_v4_address": "write a dotted IPv4 address such as 10.3.60.51",
     "ip_v4_network": "write an IPv4 network in CIDR form with no host bits, such as 10.3.60.0/24",
+    # YAML reads `dnsServers: 10.3.60.1` as one string, and `version: 1.36` as a number.
+    "list_type": "write a YAML list, one `- item` per line (or [a, b] on one line)",
+    "string_type": "quote it, so that YAML keeps it text",
 }
+
+
+def _hint(err: Any, key: str) -> str:
+    hint = _PYDANTIC_HINTS.get(err["type"], "")
+    if err["type"] == "string_type" and isinstance(err.get("input"), int | float) and key.lower().endswith("version"):
+        hint += ' and whole: "1.36.0" (YAML reads an unquoted 1.36 as the number 1.36)'
+    return hint
 
 
 def _pydantic_problems(error: ValidationError) -> list[ConfigProblem]:
     problems = []
     for err in error.errors():
-        hint = _PYDANTIC_HINTS.get(err["type"], "")
+        hint = _hint(err, _key_from_loc(err["loc"]))
         got = f" (got {err['input']!r})" if err["type"] not in ("missing",) and "input" in err else ""
         text = err["msg"] + got + (f": {hint}" if hint else "")
         problems.append(ConfigProblem(_key_from_loc(err["loc"]), text))
@@ -577,10 +597,23 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
                               f"too old for Kubernetes {cfg.kubernetes.version} (labs-k8s:kubernetes.version); use "
                               f"{needed[0]}.{needed[1]} or newer, or stay on a minor it supports"))
 
+    # Workers. kubeadm init taints every control plane node-role.kubernetes.io/control-plane:NoSchedule
+    # (kubeadm cmd/kubeadm/app/phases/markcontrolplane), so with no worker no pod of the lab's users runs.
+    worker_count = len(cfg.nodes.workers.hosts)
+    if worker_count == 0:
+        add(ConfigProblem("nodes.workers.hosts", "no workers: kubeadm taints the control planes NoSchedule, so "
+                          "no workload could be scheduled (and the worker and drain drills have nothing to drill); "
+                          "list 2 workers, or 1 with labs-k8s:kubernetes.allowSingleWorker: true"))
+    elif worker_count == 1 and not cfg.kubernetes.allow_single_worker:
+        add(ConfigProblem("nodes.workers.hosts", "1 worker: every Kubernetes upgrade drains it "
+                          "(labs-k8s:kubernetes.upgrade.workersAtOnce is at least 1), leaving its pods nowhere to "
+                          "run until it is back, and the worker and drain drills refuse; list 2, or set "
+                          "labs-k8s:kubernetes.allowSingleWorker: true for a lab that accepts that"))
+
     # Rolling upgrades: never drain every worker at once (their pods would have nowhere to go).
     workers_at_once = cfg.kubernetes.upgrade.workers_at_once
-    most = max(1, len(cfg.nodes.workers.hosts) - 1)
-    if not 1 <= workers_at_once <= most:
+    most = max(1, worker_count - 1)
+    if worker_count and not 1 <= workers_at_once <= most:
         add(ConfigProblem("kubernetes.upgrade.workersAtOnce", f"{workers_at_once} is out of range; use 1 to {most} "
                           f"(fewer than the {len(cfg.nodes.workers.hosts)} workers, so that drained workloads "
                           "have somewhere to run)"))

@@ -12,8 +12,12 @@ the command that fixes it:
    `encryptionsalt` makes `stack init` fail with "incorrect passphrase"; copied ciphertext cannot
    be decrypted by the new stack's key);
 4. the stack exists (destroy refuses to create one; up/preview create it with `pulumi stack init`);
+   (destroy) the vCenter settings are the ones the last `up` recorded (recorded_login_changes);
 5. (up/preview) the settings the program needs are set: the exact `pulumi config set` line for each
-   missing one, and the lab config itself validated offline.
+   missing one, and the lab config itself validated offline;
+6. (up) a stack on a self-managed backend that has no deployment yet gets an initial one
+   (initial_deployment): its stack resource's output tells the program, even after a first `up`
+   that failed before any output, that the stack has a deployment (components/previous_state.py).
 
 The stack file is read as a file, offline: secret values are ciphertext there and are checked by
 the program itself, which sees them decrypted (components/stack_config.py).
@@ -21,15 +25,27 @@ the program itself, which sees them decrypted (components/stack_config.py).
 
 from __future__ import annotations
 
+import difflib
+import hmac
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from datetime import UTC, datetime
 from typing import Any
 
 from components.config import NAMESPACE, LabConfigError, load_lab_config
-from components.offline import PLACEHOLDER_PUBLIC_KEY, REPO_ROOT, StackFileError, read_stack_file, stack_file_path
+from components.offline import (
+    PLACEHOLDER_PUBLIC_KEY,
+    PROJECT,
+    REPO_ROOT,
+    StackFileError,
+    read_stack_file,
+    stack_file_path,
+)
+from components.previous_state import INITIAL_DEPLOYMENT_OUTPUT
 from components.stack_config import SSH_PRIVATE_KEY, provider_bool
 
 INSTALL_URL = "https://www.pulumi.com/docs/iac/download-install/"
@@ -38,6 +54,15 @@ CLI_TIMEOUT_S = 120
 # Backends whose secrets provider defaults to a passphrase (everything but Pulumi Cloud).
 SELF_MANAGED_SCHEMES = ("file://", "s3://", "azblob://", "gs://", "postgres://")
 FOREIGN_SECRETS_KEYS = ("encryptionsalt", "encryptedkey", "secretsprovider")
+# The tracked example every site's stack file starts from (README, "Your first lab", step 3).
+EXAMPLE_STACK = "labs"
+# Settings that must be ciphertext in the stack file. Pulumi's own guard only warns for key names that
+# look secret (password, token, ...: pulumi/pulumi pkg/cmd/pulumi/config, looksLikeSecret), and a
+# private key named sshPrivateKey passes it in clear.
+MUST_BE_SECRET = {
+    f"{NAMESPACE}:{SSH_PRIVATE_KEY}": "< ~/.ssh/labs-k8s",
+    "vsphere:password": "",
+}
 
 
 class CheckFailed(Exception):
@@ -99,6 +124,17 @@ def existing_stacks() -> set[str]:
         raise CheckFailed("`pulumi stack ls --json` did not print JSON") from None
     # Pulumi Cloud names stacks org/project/stack or org/stack; the last part is what --stack takes here.
     return {str(row.get("name", "")).rsplit("/", 1)[-1] for row in rows if isinstance(row, dict)}
+
+
+def stack_files_here() -> set[str]:
+    """Stacks with a Pulumi.<stack>.yaml in this checkout."""
+    return {path.name[len("Pulumi."):-len(".yaml")] for path in REPO_ROOT.glob("Pulumi.*.yaml")}
+
+
+def did_you_mean(stack: str, candidates: set[str]) -> str:
+    """" Did you mean 'mysite'?" for a near miss among the backend's stacks and this checkout's files."""
+    near = difflib.get_close_matches(stack, sorted(candidates - {stack, EXAMPLE_STACK}), n=1, cutoff=0.6)
+    return f"did you mean {near[0]!r} (STACK={near[0]})? " if near else ""
 
 
 def _self_managed(url: str) -> bool:
@@ -196,6 +232,12 @@ def settings_problems(stack: str, document: dict[str, Any]) -> list[str]:
         load_lab_config(raw)
     except LabConfigError as error:
         problems += [str(p) for p in error.problems]
+    for key, source in MUST_BE_SECRET.items():
+        if key in config and not (isinstance(config[key], dict) and "secure" in config[key]):
+            # Said without the value: it is in clear in the file, and must not reach a terminal or a log too.
+            problems.append(f"{key} is set in clear in {stack_file_path(stack).name} (set without --secret); set "
+                            f"it again as a secret, which replaces the clear value: pulumi config set --stack {stack} "
+                            f"--secret {key}{' ' + source if source else ''}")
     insecure = config.get("vsphere:allowUnverifiedSsl")
     try:
         # YAML reads a bare false as a boolean; Pulumi hands it to the program as "false".
@@ -204,6 +246,119 @@ def settings_problems(stack: str, document: dict[str, Any]) -> list[str]:
         problems.append(f"vsphere:allowUnverifiedSsl: {error}; write true or false: "
                         f"pulumi config set --stack {stack} vsphere:allowUnverifiedSsl false")
     return problems
+
+
+def initial_deployment(stack: str, now: datetime | None = None) -> dict[str, Any]:
+    """A deployment with only the root stack resource, carrying INITIAL_DEPLOYMENT_OUTPUT.
+
+    `pulumi stack import` of this gives a self-managed stack a deployment: without one,
+    readStackResourceOutputs crashes the CLI (pkg/backend/backend.go GetStackResourceOutputs,
+    components/previous_state.py). The manifest has no version, so no magic cookie is checked
+    (pkg/resource/deploy/manifest.go NewMagic, snapshot.go VerifyIntegrity). The engine keeps the
+    stack resource's outputs until the program registers its own (a `same` step), so the output
+    survives a first `up` that fails before any.
+    """
+    name = stack.rsplit("/", 1)[-1]
+    return {"version": 3, "deployment": {
+        "manifest": {"time": (now or datetime.now(UTC)).isoformat(), "magic": "", "version": ""},
+        "resources": [{
+            "urn": f"urn:pulumi:{name}::{PROJECT}::pulumi:pulumi:Stack::{PROJECT}-{name}",
+            "custom": False,
+            "type": "pulumi:pulumi:Stack",
+            "outputs": {INITIAL_DEPLOYMENT_OUTPUT: "make up (components/first_run.py)"},
+        }],
+    }}
+
+
+def give_initial_deployment(stack: str, purpose: str) -> None:
+    """Idempotent: only a stack whose `pulumi stack export` shows no deployment (`null`, what
+    diy/backend.go ExportDeployment prints for a stack `stack init` made) or one without any
+    resource (what a `pulumi destroy` leaves) gets one; nothing is lost by replacing either."""
+    exported = _pulumi("stack", "export", "--stack", stack)
+    if exported.returncode != 0:
+        raise CheckFailed(f"`pulumi stack export --stack {stack}` failed: {_first_line(exported.stderr)}")
+    try:
+        deployment = json.loads(exported.stdout or "{}").get("deployment")
+    except (json.JSONDecodeError, AttributeError):
+        raise CheckFailed(f"`pulumi stack export --stack {stack}` did not print a deployment") from None
+    if deployment is not None and (not isinstance(deployment, dict) or deployment.get("resources")):
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="labs-k8s-initial-") as file:
+        json.dump(initial_deployment(stack), file)
+        file.flush()
+        imported = _pulumi("stack", "import", "--stack", stack, "--file", file.name)
+    if imported.returncode != 0:
+        raise CheckFailed(f"`pulumi stack import --stack {stack}` of its initial deployment failed: "
+                          f"{_first_line(imported.stderr)}")
+    _say(purpose, f"gave stack {stack!r} its initial deployment (no resources): the program reads its previous "
+                  "state from it (docs/cluster.md, \"The previous state\")")
+
+
+VSPHERE_PROVIDER_TYPE = "pulumi:providers:vsphere"
+# The settings both providers that log in to vCenter take from the stack config.
+LOGIN_KEYS = ("vsphereServer", "user", "password", "allowUnverifiedSsl")
+# How a secret is written in an exported deployment (pulumi/pulumi sdk/go/common/apitype SecretV1,
+# sig.Secret); with --show-secrets its `plaintext` is the value as JSON (resource/stack/deployment.go).
+SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"
+
+
+def _setting_text(value: Any) -> str | None:
+    """A setting as the engine hands it to a provider (config values are strings), for comparing."""
+    if isinstance(value, dict) and SECRET_SIG_KEY in value:
+        value = json.loads(value["plaintext"]) if "plaintext" in value else None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return None if value is None else str(value)
+
+
+def recorded_provider_inputs(stack: str) -> dict[str, Any] | None:
+    """The inputs the default vSphere provider was configured with at the last `up`, from the
+    state (None: the state has no such provider). Read with --show-secrets, kept in memory only."""
+    exported = _pulumi("stack", "export", "--stack", stack, "--show-secrets")
+    if exported.returncode != 0:
+        raise CheckFailed(f"`pulumi stack export --stack {stack}` failed: {_first_line(exported.stderr)}")
+    try:
+        deployment = json.loads(exported.stdout or "{}").get("deployment") or {}
+    except (json.JSONDecodeError, AttributeError):
+        raise CheckFailed(f"`pulumi stack export --stack {stack}` did not print a deployment") from None
+    for resource in deployment.get("resources") or []:
+        urn = str(resource.get("urn", ""))
+        if resource.get("type") == VSPHERE_PROVIDER_TYPE and urn.rsplit("::", 1)[-1].startswith("default") \
+                and not resource.get("delete"):
+            return dict(resource.get("inputs") or {})
+    return None
+
+
+def recorded_login_changes(stack: str, document: dict[str, Any]) -> list[str]:
+    """The `vsphere:*` settings whose stack value differs from what the last `up` recorded.
+
+    `pulumi destroy` and `pulumi refresh` do not run the program: the engine configures each
+    provider of the state, the vSphere provider's and the template's dynamic provider, with the
+    inputs recorded at the last `up` (pulumi/pulumi pkg/resource/deploy/providers/registry.go
+    Registry.Same: Configure with res.Inputs; #18740, which used the current config, was reverted
+    by #18756). A changed login there means the old one. Secret values are compared in memory
+    and never printed.
+    """
+    recorded = recorded_provider_inputs(stack)
+    if recorded is None:
+        return []  # no vSphere resource was ever created: nothing there logs in
+    config = document.get("config") or {}
+    changed = []
+    for key in LOGIN_KEYS:
+        current = config.get(f"vsphere:{key}")
+        if isinstance(current, dict) and "secure" in current:
+            shown = _pulumi("config", "get", "--stack", stack, f"vsphere:{key}")
+            if shown.returncode != 0:
+                raise CheckFailed(f"`pulumi config get --stack {stack} vsphere:{key}` failed: "
+                                  f"{_first_line(shown.stderr)}")
+            current = shown.stdout.removesuffix("\n")
+        now, then = _setting_text(current), _setting_text(recorded.get(key))
+        if now is None or then is None:
+            if now != then:
+                changed.append(f"vsphere:{key}")
+        elif not hmac.compare_digest(now.encode(), then.encode()):
+            changed.append(f"vsphere:{key}")
+    return changed
 
 
 def check(stack: str, purpose: str) -> int:
@@ -226,17 +381,28 @@ def run_checks(stack: str, purpose: str) -> None:
     if exists and not stack_file_path(stack).is_file():
         # destroy too: the template's provider reads the vCenter login from the stack's settings.
         raise CheckFailed(settings_file_not_here(stack, url))
+    if not exists and stack == EXAMPLE_STACK and purpose != "destroy":
+        # `stack init` writes this backend's encryptionsalt into the tracked example, and the
+        # `config set --secret` lines that follow would write ciphertext there (README, "Secrets and settings").
+        raise CheckFailed(
+            f"stack {EXAMPLE_STACK!r} is the example every site's stack file starts from (Pulumi.labs.yaml is "
+            f"committed): it is not created here, so that the example never carries a salt or ciphertext. "
+            f"Make your site's stack (README, \"Your first lab\", step 3):\n"
+            f"    export STACK=<site>\n    cp Pulumi.labs.yaml \"Pulumi.$STACK.yaml\"\n    pulumi stack init \"$STACK\""
+        )
     if purpose != "destroy":
         try:
             document = read_stack_file(stack)
         except StackFileError as error:
-            raise CheckFailed(str(error)) from None
+            # A typo is told so first, not to create a new stack from the example.
+            maybe = "" if exists else did_you_mean(stack, stacks | stack_files_here())
+            raise CheckFailed(f"{maybe}{'If not: ' if maybe else ''}{error}") from None
     if not exists:
         known = ", ".join(sorted(stacks)) or "none"
         if purpose == "destroy":
             raise CheckFailed(
                 f"stack {stack!r} does not exist in backend {url} (logged in as {user}); nothing to destroy here. "
-                f"Stacks there: {known}. Another backend? `pulumi login <url>`; "
+                f"{did_you_mean(stack, stacks)}Stacks there: {known}. Another backend? `pulumi login <url>`; "
                 "another stack? `make destroy STACK=<name>`"
             )
         before_stack_init(stack, document, url)
@@ -248,11 +414,29 @@ def run_checks(stack: str, purpose: str) -> None:
     else:
         _say(purpose, f"stack {stack!r} in backend {url} as {user}")
     if purpose == "destroy":
+        settings = read_stack_file(stack)
+        # Settings from Pulumi ESC environments are not in the file to compare.
+        changed = [] if "environment" in settings else recorded_login_changes(stack, settings)
+        if changed:
+            raise CheckFailed(
+                f"{', '.join(changed)} changed since the last `up` of stack {stack!r} (values not shown). "
+                "`pulumi destroy` does not run the program: it configures the vSphere provider and the "
+                "template's provider with the settings recorded at the last `up` (pulumi/pulumi#18756), so it "
+                "would log in with the old ones.\n"
+                f"  First:  make up STACK={stack}    (a changed login alone changes no resource)\n"
+                f"  Then:   make destroy STACK={stack}"
+            )
         return
     if "environment" in document:
         _say(purpose, f"{stack_file_path(stack).name} imports Pulumi ESC environments: settings are checked by the "
                       "program itself, not here")
-        return
+    else:
+        settings_complete(stack, document)
+    if purpose == "up" and _self_managed(url):
+        give_initial_deployment(stack, purpose)
+
+
+def settings_complete(stack: str, document: dict[str, Any]) -> None:
     commands = missing_settings(stack, document)
     problems = settings_problems(stack, document)
     if commands or problems:
@@ -260,6 +444,10 @@ def run_checks(stack: str, purpose: str) -> None:
         if commands:
             lines.append(f"stack {stack!r} is missing settings the lab needs. Set them (README, \"Your first lab\"):")
             lines += [f"    {c}" for c in commands]
+            if stack == EXAMPLE_STACK:
+                lines.append("  These write into the committed example Pulumi.labs.yaml: only in a throw-away checkout "
+                             "(as .github/workflows/preview.yml does), never committed; a site uses its own stack "
+                             "(README, \"Your first lab\", step 3)")
         if problems:
             lines.append(f"{stack_file_path(stack).name} has {len(problems)} problem(s); nothing was created:")
             lines += [f"  - {p}" for p in problems]

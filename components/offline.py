@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pulumi
 import yaml
 from google.protobuf import json_format, struct_pb2
@@ -203,6 +204,34 @@ def _fake_hex(seed: str, length: int) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:length]
 
 
+SELF_MANAGED_ORGANIZATION = "organization"
+
+
+class EnginePanic(BaseException):
+    """The Pulumi CLI died (a Go panic): the whole run ends, whatever the program catches.
+
+    A BaseException, so the program's `except Exception` cannot turn it into a warning, as nothing
+    in the program can catch the real CLI's crash.
+    """
+
+
+class InvokeFailed(grpc.RpcError):
+    """A builtin invoke that returned an error, as the resource monitor reports it: a gRPC error
+    (pulumi/pulumi pkg/resource/deploy/source_eval.go Invoke: "invocation of %v returned an
+    error"). The SDK hands it to the program as an exception it can catch; a plain exception
+    raised in a mock would instead fail the whole run (pulumi/runtime/rpc_manager.py)."""
+
+    def __init__(self, token: str, message: str) -> None:
+        super().__init__(message)
+        self._details = f"invocation of {token} returned an error: {message}"
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNKNOWN
+
+    def details(self) -> str:
+        return self._details
+
+
 class LabMocks(pulumi.runtime.Mocks):
     """Provider stand-ins: what each resource type computes, and the vSphere data sources.
 
@@ -214,15 +243,18 @@ class LabMocks(pulumi.runtime.Mocks):
         vip: str = "10.3.60.100",
         kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
         previous: Mapping[str, Any] | None = None,
+        organization: str = SELF_MANAGED_ORGANIZATION,
     ) -> None:
         self.vip = vip
         self.calls: list[tuple[str, dict[str, Any]]] = []
         # (type, name) -> outputs: resources the engine would leave as they are (a "same" step
         # keeps the outputs in the state, whatever the new inputs), see components/changes.py.
         self.kept = dict(kept or {})
-        # What `pulumi:pulumi:readStackResourceOutputs` answers: {urn: {type, outputs}} of the
-        # stack's last checkpoint (OfflineRun.previous_state of an earlier run), empty for a new stack.
-        self.previous = dict(previous or {})
+        # The stack's last deployment as {urn: {type, outputs}} (OfflineRun.previous_state of an
+        # earlier run; {} a deployment without resources), or None: a stack with no deployment at
+        # all, what `pulumi stack init` leaves (pulumi/pulumi pkg/backend/diy/backend.go CreateStack).
+        self.previous = None if previous is None else dict(previous)
+        self.self_managed = organization == SELF_MANAGED_ORGANIZATION
         # RandomPassword results by resource name: the node keys a proving step's answer is proven with.
         self.passwords: dict[str, str] = {}
 
@@ -287,10 +319,34 @@ class LabMocks(pulumi.runtime.Mocks):
             )
         return ""
 
+    def _read_stack_outputs(self, name: str) -> dict[str, Any]:
+        """pkg/resource/deploy/builtins.go readStackReference -> backendClient.GetStackOutputs: the
+        root stack resource's outputs; {} for a stack with no deployment (diy/state.go
+        getSnapshotStackOutputs: `checkpoint.Latest == nil`) or none registered yet."""
+        outputs: dict[str, Any] = {}
+        for entry in (self.previous or {}).values():
+            if entry.get("type") == "pulumi:pulumi:Stack":
+                outputs = dict(entry.get("outputs") or {})
+        return {"name": name, "outputs": outputs, "secretOutputNames": []}
+
+    def _read_stack_resource_outputs(self, name: str) -> dict[str, Any]:
+        """pkg/backend/backend.go backendClient.GetStackResourceOutputs: `for _, r := range
+        snap.Resources` with no nil check. A self-managed stack with no deployment has a nil
+        snapshot (stack.DeserializeCheckpoint): the CLI panics. Pulumi Cloud answers an empty
+        deployment for a new stack."""
+        if self.previous is None and self.self_managed:
+            raise EnginePanic(
+                "panic: runtime error: invalid memory address or nil pointer dereference "
+                "(backendClient.GetStackResourceOutputs of a self-managed stack with no deployment)"
+            )
+        return {"name": name, "outputs": dict(self.previous or {})}
+
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]]]:
         self.calls.append((args.token, dict(args.args)))
+        if args.token == "pulumi:pulumi:readStackOutputs":
+            return self._read_stack_outputs(str(args.args.get("name", ""))), []
         if args.token == "pulumi:pulumi:readStackResourceOutputs":
-            return {"name": args.args.get("stackName", ""), "outputs": self.previous}, []
+            return self._read_stack_resource_outputs(str(args.args.get("stackName", ""))), []
         name = str(args.args.get("name", ""))
         ids = {
             "vsphere:index/getDatacenter:getDatacenter": {"id": f"datacenter-{_fake_hex(name, 4)}"},
@@ -381,6 +437,22 @@ def stack_config(
     return {k: _config_value(v) for k, v in raw.items()}, secret_keys
 
 
+def default_provider_inputs(config: Mapping[str, Any], secret_keys: set[str] | frozenset[str]) -> dict[str, Any]:
+    """The inputs the engine records for the default providers of a run with this stack config
+    (pulumi/pulumi pkg/resource/deploy/target.go Target.GetPackageConfig): the `vsphere` provider
+    gets its own namespace's keys without the namespace; a dynamic provider (`pulumi-python`, the
+    template's and the clone sources') gets every key, namespace kept. Values are strings; a
+    secret is {"secret": value}. `VSPHERE_*` variables are no config: they are in no input."""
+    def value(key: str, raw: Any) -> Any:
+        text = ("true" if raw else "false") if isinstance(raw, bool) else _config_value(raw)
+        return {"secret": text} if key in secret_keys else text
+
+    return {
+        "vsphere": {k.split(":", 1)[1]: value(k, v) for k, v in config.items() if k.startswith("vsphere:")},
+        "pulumi-python": {k: value(k, v) for k, v in config.items()},
+    }
+
+
 # --------------------------------------------------------------------------- running
 
 
@@ -446,16 +518,19 @@ def run_program(
     stack_file: str | None = None,
     kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
     previous: Mapping[str, Any] | None = None,
+    organization: str = SELF_MANAGED_ORGANIZATION,
 ) -> OfflineRun:
     """Run `__main__.py` (or `program`) as the engine would, under mocks, and return what it registered.
 
     `stack_file` runs stack `stack` with the configuration of Pulumi.<stack_file>.yaml. `kept`
     gives the outputs of resources that the mock providers return unchanged (LabMocks.kept).
+    `previous` is the stack's last deployment (None: a new stack with none, LabMocks.previous);
+    `organization` "organization" is a self-managed backend, any other Pulumi Cloud.
     """
     config, secret_keys = stack_config(stack, overrides, stack_file)
     vip = json.loads(config["labs-k8s:loadBalancer"]).get("vip", "10.3.60.100") if (
         "labs-k8s:loadBalancer" in config) else "10.3.60.100"
-    mocks = LabMocks(vip=str(vip), kept=kept, previous=previous)
+    mocks = LabMocks(vip=str(vip), kept=kept, previous=previous, organization=organization)
     monitor = RecordingMonitor(mocks)
     if monitor_sink is not None:
         monitor_sink.append(monitor)  # lets a caller see what was registered before a failure
@@ -464,7 +539,7 @@ def run_program(
     try:
         # A self-managed backend's organization is "organization" (the engine passes it).
         pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor,
-                                 organization="organization")
+                                 organization=organization)
         pulumi.runtime.set_all_config(config, secret_keys)
         # Outputs or RPCs left by earlier code in this process (another run, a test that made an
         # Output outside any engine) belong to another event loop: waiting for them would hang.
@@ -479,7 +554,7 @@ def run_program(
         loop.close()
         asyncio.set_event_loop(None)
     def rerun(keep: Mapping[tuple[str, str], Mapping[str, Any]]) -> OfflineRun:
-        return run_program(stack, overrides, program, preview, None, stack_file, keep)
+        return run_program(stack, overrides, program, preview, None, stack_file, keep, previous, organization)
 
     return OfflineRun(monitor.registrations, monitor.stack_outputs, mocks.calls, config, secret_keys, rerun)
 

@@ -7,7 +7,13 @@ runner's python3, and treats the pull request's report as data.
 
   python3 -m components.pr_comment build --report report.json [--full-diff-url URL] [--out comment.md]
   python3 -m components.pr_comment post --repo OWNER/NAME --pull-request-file pull-request.json \\
-      --head-sha SHA --head-repo OWNER/NAME --body-file comment.md      (GITHUB_TOKEN from the environment)
+      --head-sha SHA --head-repo OWNER/NAME --body-file comment.md [--marker preview]
+      (GITHUB_TOKEN from the environment)
+  python3 -m components.pr_comment preview --text preview.txt [--run-url URL] [--out comment.md]
+
+`preview` makes the vCenter preview job's comment (.github/workflows/preview.yml) from the text of
+`pulumi preview --diff`: that job runs the CLI itself rather than pulumi/actions, which reads every
+stack output with --show-secrets (the admin kubeconfig among them) into its step outputs.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 MARKER = "<!-- labs-k8s render-diff -->"
+PREVIEW_MARKER = "<!-- labs-k8s pulumi-preview -->"
+MARKERS = {"render-diff": MARKER, "preview": PREVIEW_MARKER}
 # GitHub refuses a comment body over 65,536 characters. Sizes here are UTF-8 bytes, never fewer
 # than the characters GitHub counts, so a comment that fits here fits there.
 COMMENT_LIMIT = 65536
@@ -242,12 +250,30 @@ def _pages(url: str, token: str) -> Iterator[Any]:
         next_url = match.group(1) if match else None
 
 
+def preview_comment(text: str, run_url: str | None = None, limit: int = COMMENT_LIMIT) -> str:
+    """The preview's text in a code block under the marker; its last lines (the summary, any
+    error) are kept when it is longer than a comment, and the run's log has all of it."""
+    header = f"{PREVIEW_MARKER}\n### `pulumi preview --diff` of stack `labs`\n\n"
+    footer = f"\nThe whole output: the log of [this workflow run]({run_url}).\n" if run_url else ""
+    body = text if text.strip() else "(no output)\n"
+    room = limit - size(header) - size(footer) - 200
+    if size(_fence(body)) > room:
+        lines = body.splitlines(keepends=True)
+        used, first = 0, len(lines)
+        # The fence grows with the longest backtick run: keep 100 bytes for it and the note.
+        while first > 0 and used + size(lines[first - 1]) < room - 100:
+            first -= 1
+            used += size(lines[first])
+        body = f"[{first} earlier lines not shown]\n" + "".join(lines[first:])
+    return header + _fence(body) + footer
+
+
 def post_comment(api: str, repo: str, token: str, number: int, body: str, head_sha: str, head_repo: str,
-                 author: str = COMMENT_AUTHOR) -> str:
+                 author: str = COMMENT_AUTHOR, marker: str = MARKER) -> str:
     """Create or update the one marked comment on pull request `number`, if that pull request is
     open and its head is still `head_sha` from `head_repo` (the workflow_run event's own values:
     the number comes from the pull request's artifact, so it is checked, not trusted)."""
-    if MARKER not in body:
+    if marker not in body:
         raise GitHubError("the comment has no marker: it could never be found again to update")
     base = f"{api.rstrip('/')}/repos/{repo}"
     pull, _ = _request("GET", f"{base}/pulls/{number}", token)
@@ -257,7 +283,7 @@ def post_comment(api: str, repo: str, token: str, number: int, body: str, head_s
         return (f"pull request #{number} is at {pull['head']['sha'][:12]}, not {head_sha[:12]} of {head_repo}: "
                 "a newer run will comment")
     for comment in _pages(f"{base}/issues/{number}/comments?per_page=100", token):
-        if (comment.get("user") or {}).get("login") == author and MARKER in (comment.get("body") or ""):
+        if (comment.get("user") or {}).get("login") == author and marker in (comment.get("body") or ""):
             _request("PATCH", f"{base}/issues/comments/{comment['id']}", token, {"body": body})
             return f"updated comment {comment['id']} on pull request #{number}"
     created, _ = _request("POST", f"{base}/issues/{number}/comments", token, {"body": body})
@@ -281,7 +307,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     post.add_argument("--head-sha", required=True, help="the workflow_run's head_sha")
     post.add_argument("--head-repo", required=True, help="the workflow_run's head_repository.full_name")
     post.add_argument("--body-file", type=Path, required=True)
+    post.add_argument("--marker", choices=sorted(MARKERS), default="render-diff", help="which one comment")
+    preview = commands.add_parser("preview", help="write the vCenter preview's comment from its text")
+    preview.add_argument("--text", type=Path, required=True)
+    preview.add_argument("--run-url")
+    preview.add_argument("--out", type=Path, help="file to write (default: standard output)")
     args = parser.parse_args(argv)
+    if args.command == "preview":
+        comment = preview_comment(args.text.read_text(errors="replace"), args.run_url)
+        if args.out:
+            args.out.write_text(comment)
+        else:
+            sys.stdout.write(comment)
+        return 0
     if args.command == "build":
         comment = build_comment(json.loads(args.report.read_text()), args.full_diff_url, args.limit)
         if args.out:
@@ -299,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     api = os.environ.get("GITHUB_API_URL", "https://api.github.com")
     try:
-        print(post_comment(api, args.repo, token, number, args.body_file.read_text(), args.head_sha, args.head_repo))
+        print(post_comment(api, args.repo, token, number, args.body_file.read_text(), args.head_sha, args.head_repo,
+                           marker=MARKERS[args.marker]))
     except GitHubError as error:
         print(error, file=sys.stderr)
         return 1

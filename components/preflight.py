@@ -58,6 +58,7 @@ def preflight_spec(lab: LabConfig, stack: str) -> object:
         anti_affinity_rules=rules,
         drs_required=lab.preflight.drs_disabled == "fail",
         free_space_margin=lab.preflight.datastore_margin_percent / 100,
+        node_cidr=str(lab.network.cidr),
     )
 
 

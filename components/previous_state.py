@@ -6,16 +6,44 @@ Config validation sees only the new config; some decisions need the old one too:
   so its refresh step must run again even though nothing about it changed);
 - until when the exported kubeconfig's client certificate is valid (re-export before it lapses).
 
-How: the engine's builtin invoke `pulumi:pulumi:readStackResourceOutputs` (pulumi/pulumi
-pkg/resource/deploy/builtins.go) returns, for a stack named `org/project/stack`, every resource of
-its latest checkpoint with its outputs (backendClient.GetStackResourceOutputs). The program
-calls it synchronously at start, before registering anything, so the checkpoint is still the
-previous deployment's. Alternatives that do not work here: `pulumi:pulumi:getResource` reads only
-the resources registered in the *current* deployment (builtinProvider.getResource looks in `news`
-and `reads`), and a StackReference is itself a resource (registered, read asynchronously).
+How, in two steps (pulumi/pulumi pkg/resource/deploy/builtins.go, builtinProvider.Invoke):
 
-When the invoke fails (a backend that cannot answer it), the program warns and goes on without:
-the runtime guards still hold (leave-cluster.sh refuses to break quorum).
+1. `pulumi:pulumi:readStackOutputs` (readStackReference -> backendClient.GetStackOutputs): the
+   stack's outputs. It is safe on every backend and in every state: a self-managed backend answers
+   {} for a stack with no deployment (pkg/backend/diy/state.go getSnapshotStackOutputs checks
+   `checkpoint.Latest == nil`).
+2. `pulumi:pulumi:readStackResourceOutputs` (pkg/backend/backend.go
+   backendClient.GetStackResourceOutputs): every resource of the latest checkpoint with its
+   outputs. It is NOT safe on a self-managed backend (file://, s3://, azblob://, gs://,
+   postgres://) for a stack with no deployment: `pulumi stack init` stores a checkpoint without
+   one (diy/backend.go CreateStack, `saveStack(..., apitype.TypedDeployment{})`),
+   stack.DeserializeCheckpoint returns a nil snapshot, and GetStackResourceOutputs ranges over
+   `snap.Resources` with no nil check: the CLI dies with a nil-pointer panic, before anything is
+   written, at every retry. So it is called only for a stack known to have a deployment: one
+   with outputs (they come from that deployment), or one on Pulumi Cloud (the service answers an
+   empty deployment for a new stack).
+
+A self-managed stack with no outputs is then either new or has a deployment whose `up` failed
+before the program's outputs were registered (a first `up` that created VMs, then failed): the
+program cannot tell them apart. `make up` removes the doubt: it gives a self-managed stack that
+has no deployment an initial one whose stack resource carries the output INITIAL_DEPLOYMENT_OUTPUT
+(components/first_run.py), and the engine keeps a stack resource's outputs until an `up`
+registers new ones, so a first `up` that fails still leaves an output behind. A stack created by
+a bare `pulumi stack init` + `pulumi up` whose first `up` failed is read as new: its first retry
+then re-runs no join-material refresh (join-attempt stays 1).
+
+The program calls both synchronously at start, before registering anything, so the checkpoint is
+still the previous deployment's. Alternatives that do not work here: `pulumi:pulumi:getResource`
+reads only the resources registered in the *current* deployment (builtinProvider.getResource
+looks in `news` and `reads`), and a StackReference is itself a resource (registered, read
+asynchronously).
+
+When an invoke fails (a backend that cannot answer it), the run stops before anything is
+registered, saying why: without the state, every join-attempt generation would restart at 1 and
+the engine would re-run every join-material refresh and, through their triggers, the joins,
+verify and kubeconfig, in a preview full of replacements unrelated to the change. One `up` or
+`preview` with `labs-k8s:previousState.unreadable: ignore` goes on without it (the runtime guards
+still hold: leave-cluster.sh refuses to break quorum); remove the key afterwards.
 """
 
 from __future__ import annotations
@@ -29,8 +57,16 @@ import pulumi
 
 from components.config import ConfigProblem, LabConfig, LabConfigError, Role
 
+READ_STACK_OUTPUTS = "pulumi:pulumi:readStackOutputs"
 READ_STACK_RESOURCE_OUTPUTS = "pulumi:pulumi:readStackResourceOutputs"
 STACK_TYPE = "pulumi:pulumi:Stack"
+# A self-managed backend's stacks all belong to this organization (pkg/backend/diy/store.go).
+SELF_MANAGED_ORGANIZATION = "organization"
+# The stack output of the initial deployment `make up` gives a new self-managed stack
+# (components/first_run.py): it says "this stack has a deployment" before the program's first
+# outputs are registered.
+INITIAL_DEPLOYMENT_OUTPUT = "labsK8sInitialDeployment"
+UNREADABLE_KEY = "labs-k8s:previousState.unreadable"
 _GENERATION = re.compile(r"^([a-z-]+):(\d+)$")
 
 
@@ -82,26 +118,60 @@ class PreviousState:
         return f"{key}:{last + 1 if bump else last}"
 
 
-def read_previous_state() -> PreviousState:
+def self_managed_backend() -> bool:
+    return pulumi.get_organization() == SELF_MANAGED_ORGANIZATION
+
+
+class PreviousStateUnreadable(Exception):
+    """A builtin invoke failed: the reason, for the message."""
+
+
+def _invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
     try:
-        result = pulumi.runtime.invoke(READ_STACK_RESOURCE_OUTPUTS, {"stackName": stack_name()})
+        result = pulumi.runtime.invoke(token, args)
     except Exception as error:
-        reason = f"{type(error).__name__}: {error}"
+        raise PreviousStateUnreadable(f"{token}: {type(error).__name__}: {error}") from None
+    return dict(result.value or {})
+
+
+def read_previous_state(unreadable: str = "fail") -> PreviousState:
+    """The last deployment's outputs and resources, without ever asking a backend for the
+    resources of a stack that may have no deployment (see the module docstring).
+
+    `unreadable` is labs-k8s:previousState.unreadable: "fail" raises pulumi.RunError when the
+    state cannot be read, "ignore" warns and goes on without it.
+    """
+    name = stack_name()
+    try:
+        outputs = dict(_invoke(READ_STACK_OUTPUTS, {"name": name}).get("outputs") or {})
+        if not outputs and self_managed_backend():
+            # New, or its first `up` failed before any output (not made by `make up`): read as new.
+            return PreviousState(available=True, reason="no deployment with outputs")
+        value = _invoke(READ_STACK_RESOURCE_OUTPUTS, {"stackName": name})
+    except PreviousStateUnreadable as error:
+        if unreadable != "ignore":
+            raise pulumi.RunError(
+                f"could not read this stack's previous state ({error}). Without it every join-material "
+                "generation restarts at 1: the refresh steps, the joins, verify and the kubeconfig would be "
+                "re-run, and the control-plane quorum and version checks would be skipped. Fix the backend "
+                "access (login, passphrase, network) and run again; or, knowing this, run once with "
+                f"`pulumi config set --stack {pulumi.get_stack()} --path {UNREADABLE_KEY} ignore` "
+                f"and remove it afterwards (`pulumi config rm --stack {pulumi.get_stack()} --path {UNREADABLE_KEY}`)"
+            ) from None
         pulumi.log.warn(
-            f"could not read this stack's previous state ({reason}): the control-plane quorum check and "
-            "the retry bookkeeping of joins are skipped this run"
+            f"could not read this stack's previous state ({error}); {UNREADABLE_KEY} is `ignore`: the "
+            "control-plane quorum check and the retry bookkeeping of joins are skipped this run"
         )
-        return PreviousState(available=False, reason=reason)
-    value = result.value or {}
-    outputs: dict[str, Any] = {}
+        return PreviousState(available=False, reason=str(error))
     resources: dict[str, dict[str, Any]] = {}
     for urn, entry in (value.get("outputs") or {}).items():
         if not isinstance(entry, dict):
             continue
         if entry.get("type") == STACK_TYPE:
-            outputs = dict(entry.get("outputs") or {})
+            outputs = dict(entry.get("outputs") or outputs)
         else:
             resources[str(urn).rsplit("::", 1)[-1]] = dict(entry.get("outputs") or {})
+    outputs.pop(INITIAL_DEPLOYMENT_OUTPUT, None)
     return PreviousState(available=True, stack_outputs=outputs, resources=resources)
 
 

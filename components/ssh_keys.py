@@ -5,8 +5,13 @@ and every node trusts `labs-k8s:ssh.publicKey` (cloud-init). Two mistakes only s
 the template build and the clones, 20-40 minutes in, as an SSH "unable to authenticate" on the
 first readiness step:
 
-- a private key protected by a passphrase: pulumi-command cannot prompt for it and this program
-  does not pass one (it would be one more secret in every step's inputs);
+- a private key protected by a passphrase. pulumi-command could take one (`privateKeyPassword`)
+  and also offers an ssh-agent's keys (SSH_AUTH_SOCK), but it parses `privateKey` first and fails
+  on an encrypted one before it asks any agent (pulumi-command provider/pkg/provider/remote/
+  connection.go, SShConfig). This program passes no passphrase on purpose: the key already sits
+  encrypted by the stack's secrets provider, a passphrase would be one more secret in every remote
+  step's inputs, and the key must work from the stack alone (a teammate's checkout, the preview
+  job, a later destroy), where no agent of this machine's session is;
 - a private key that is not the other half of `ssh.publicKey`.
 
 Both are decided here from the key material alone, with `cryptography` reading the same formats
@@ -66,8 +71,10 @@ def private_key_problem(private_key: str, public_key_line: str | None, stack: st
     except TypeError:
         # cryptography: "Key is password-protected" / "Password was not given but private key is encrypted".
         return (
-            "the private key is protected by a passphrase; the remote steps cannot type it "
-            f"(pulumi-command reads the key non-interactively). Either remove the passphrase from a copy "
+            "the private key is protected by a passphrase, and the remote steps get none: this program passes "
+            "no privateKeyPassword to pulumi-command (the key is already encrypted in the stack, and must work "
+            "from the stack alone, so an ssh-agent does not stand in; pulumi-command fails on an encrypted key "
+            "before it asks one). Use a key without a passphrase for the lab only: remove it from a copy "
             f"(ssh-keygen -p -N '' -f <copy>) or {set_both}"
         )
     except (ValueError, UnsupportedAlgorithm) as error:

@@ -130,6 +130,10 @@ class VcenterLogin:
         return vsphere.session(self.host, self.user, self.password, port=self.port, insecure=self.insecure)
 
 
+# State contract: every deployed stack's state pickles this class by its qualified name
+# `components.template.TemplateBuildProvider`, and the dynamic-provider host unpickles it for every
+# diff, refresh and destroy (pulumi/dynamic/__main__.py get_provider). Never rename or move it; if
+# a layout change must, keep an importable alias here (tests/test_state_contract.py pins it).
 class TemplateBuildProvider(ResourceProvider):
     """Runs in Pulumi's dynamic-provider process; every vCenter call goes through components.vsphere.
 
@@ -137,10 +141,12 @@ class TemplateBuildProvider(ResourceProvider):
     stack configuration the engine hands this provider at Configure (for dynamic providers the
     engine passes every key, `vsphere:*` included: pulumi/pulumi#17673, Pulumi CLI 3.139.0 or newer)
     or from VSPHERE_* in the environment. So the password is never in this resource's state, a
-    rotated password is used by the next `up`, `refresh` or `destroy` (a CLI from before
-    pulumi/pulumi#18740 configures a `refresh` or `destroy` with the config recorded at the last
-    `up`: one `up` first, docs/runbook.md), and a preview run with another (read-only) account
-    shows no change.
+    rotated password is used by the next `up` or preview, and a preview run with another
+    (read-only) account shows no change. `refresh` and `destroy` do not run the program: every
+    CLI configures them with the provider inputs recorded at the last `up`
+    (pkg/resource/deploy/providers/registry.go Registry.Same; pulumi/pulumi#18740, which used the
+    current config, was reverted by #18756), so a rotated password needs one `up` first: `make
+    destroy` says so (components/first_run.py, docs/runbook.md).
     """
 
     def configure(self, req: ConfigureRequest) -> None:

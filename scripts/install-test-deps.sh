@@ -30,8 +30,8 @@ packages=(
   xorriso isolinux syslinux-common mtools dosfstools debootstrap sudo
   # first boot of the sealed template: clones in QEMU (TCG) with PVSCSI and VMXNET3, reached over SSH
   qemu-system-x86 qemu-utils e2fsprogs fdisk openssh-client
-  # vcsim, built from Debian's govmomi sources (tests/tools/build_vcsim.sh)
-  golang-go golang-github-vmware-govmomi-dev dpkg-dev
+  # vcsim and the Pulumi toolchain are built with the machine's own Go from Go modules
+  # (tests/tools/build_vcsim.sh, build_toolchain.sh): never Debian's golang-go (1.19, too old).
 )
 
 if [[ -n ${LABS_K8S_TEST_PACKAGES:-} ]]; then

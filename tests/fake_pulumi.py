@@ -18,12 +18,21 @@ first-install path depends on, after the real CLI (pulumi/pulumi pkg/cmd/pulumi)
   provider (the passphrase salt), back into the stack file; an existing file is first renamed to
   `<file>.bak`; a stack that never ran an update has none ("no previous deployment"), as
   newConfigRefreshCmd and backend.GetLatestConfiguration do (pkg/cmd/pulumi/config).
+- `stack export [--show-secrets]`, `stack import --file F`: the stack's deployment. `stack init`
+  stores none: export prints `"deployment": null` (pkg/backend/diy/backend.go CreateStack,
+  ExportDeployment); import refuses a resource of another stack (pkg/cmd/pulumi/stack/
+  stack_import.go, SaveSnapshot). A secret is exported as apitype.SecretV1: ciphertext, or with
+  --show-secrets its value as JSON in `plaintext`.
 - `up`, `preview`: run the project's real program under Pulumi's mock engine
-  (components.offline.run_program) with the stack file's settings and the decrypted secrets, so every
-  check the program makes before registering resources runs as under `pulumi up`; an error is
-  printed and the exit status is 255, like the real CLI's. No provider is contacted. A successful
-  `up` records the settings it ran with as the stack's last update.
-- `destroy`, `version`.
+  (components.offline.run_program) with the stack file's settings, the decrypted secrets and the
+  stack's deployment as its previous state (None: no deployment, components.offline.LabMocks), so
+  every check the program makes before registering resources runs as under `pulumi up`; an error is
+  printed and the exit status is 255, like the real CLI's; an engine panic (EnginePanic) exits 2,
+  as a Go panic does. No provider is contacted. A successful `up` records the settings it ran with
+  as the stack's last update, and its resources as the stack's deployment, with the default vSphere
+  provider configured from the stack's `vsphere:*` settings (pkg/resource/deploy/target.go
+  GetPackageConfig: the namespace stripped, strings, secrets kept secret).
+- `destroy` (leaves a deployment without resources), `version`.
 """
 
 from __future__ import annotations
@@ -115,7 +124,7 @@ def write_document(stack: str, document: dict[str, Any]) -> None:
 def flags(argv: list[str]) -> tuple[list[str], dict[str, str | bool]]:
     """Positional arguments and --flags (values for --stack/-s, booleans otherwise)."""
     with_value = {"--stack": "stack", "-s": "stack", "--secrets-provider": "secrets-provider", "--cwd": "cwd",
-                  "-C": "cwd"}
+                  "-C": "cwd", "--file": "file"}
     positional: list[str] = []
     options: dict[str, str | bool] = {}
     items = iter(argv)
@@ -201,6 +210,23 @@ def cmd_stack(positional: list[str], options: dict[str, str | bool]) -> None:
         save_stacks(existing)
         save("selected.json", {**load("selected.json", {}), require_backend(): name})
         print(f"Created stack '{name}'")
+    elif sub == "export":
+        name = current_stack(options)
+        deployment = existing[name].get("deployment")
+        if options.get("show-secrets"):
+            require_secrets_key(name)
+        print(json.dumps({"version": 3, "deployment": exported(deployment, bool(options.get("show-secrets")))}))
+    elif sub == "import":
+        name = current_stack(options)
+        require_secrets_key(name)
+        document = json.loads(Path(str(options["file"])).read_text())
+        deployment = document.get("deployment") or {}
+        for resource in deployment.get("resources") or []:
+            if str(resource.get("urn", "")).split("::")[0] != f"urn:pulumi:{name}":
+                fail(f"resource '{resource.get('urn')}' is from a different stack (use --force to import anyway)")
+        existing[name]["deployment"] = deployment
+        save_stacks(existing)
+        print("Import complete.")
     elif sub == "select":
         name = positional[1] if len(positional) > 1 else str(options.get("stack"))
         if name not in existing:
@@ -208,6 +234,31 @@ def cmd_stack(positional: list[str], options: dict[str, str | bool]) -> None:
         save("selected.json", {**load("selected.json", {}), require_backend(): name})
     else:
         fail(f"fake pulumi: `stack {sub}` is not modelled")
+
+
+SECRET_SIG_KEY, SECRET_SIG = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270"
+
+
+def exported(value: Any, show_secrets: bool) -> Any:
+    """The fake keeps a secret as {"secret": value}; export writes apitype.SecretV1."""
+    if isinstance(value, dict) and set(value) == {"secret"}:
+        if show_secrets:
+            return {SECRET_SIG_KEY: SECRET_SIG, "plaintext": json.dumps(value["secret"])}
+        return {SECRET_SIG_KEY: SECRET_SIG, "ciphertext": "v1:fake:" + hashlib.sha256(
+            json.dumps(value["secret"]).encode()).hexdigest()[:16]}
+    if isinstance(value, dict):
+        return {k: exported(v, show_secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [exported(v, show_secrets) for v in value]
+    return value
+
+
+def default_vsphere_provider(stack: str, config: dict[str, Any], secret_keys: set[str]) -> dict[str, Any]:
+    from components.offline import default_provider_inputs
+
+    inputs = {"version": "4.13.1", **default_provider_inputs(config, secret_keys)["vsphere"]}
+    return {"urn": f"urn:pulumi:{stack}::labs-k8s::pulumi:providers:vsphere::default_4_13_1", "custom": True,
+            "id": "fake-provider-id", "type": "pulumi:providers:vsphere", "inputs": inputs}
 
 
 def cmd_config(positional: list[str], options: dict[str, str | bool]) -> None:
@@ -261,6 +312,11 @@ def cmd_config(positional: list[str], options: dict[str, str | bool]) -> None:
         fail(f"fake pulumi: `config {sub}` is not modelled")
 
 
+def secret_config_keys(stack: str) -> set[str]:
+    return {key for key, value in (read_document(stack).get("config") or {}).items()
+            if isinstance(value, dict) and set(value) == {"secure"}}
+
+
 def decrypted_config(stack: str) -> dict[str, Any]:
     vault = load("secrets.json", {})
     config = dict(read_document(stack).get("config") or {})
@@ -297,6 +353,11 @@ def cmd_run(command: str, options: dict[str, str | bool]) -> None:
     if problem:
         fail(f"every command:remote:Command failed: {problem}")
     if command == "destroy":
+        # What a destroy leaves: a deployment without resources.
+        existing = stacks()
+        if existing[stack].get("deployment") is not None:
+            existing[stack]["deployment"] = {"manifest": {}, "resources": []}
+            save_stacks(existing)
         print(f"Destroying (fake) stack {stack}\nResources:\n    0 deleted")
         return
     config = decrypted_config(stack)
@@ -304,16 +365,28 @@ def cmd_run(command: str, options: dict[str, str | bool]) -> None:
     import pulumi
 
     from components.config import LabConfigError
-    from components.offline import run_program
+    from components.offline import EnginePanic, run_program
 
+    deployment = stacks()[stack].get("deployment")
+    previous = None if deployment is None else {
+        r["urn"]: {"type": r["type"], "outputs": r.get("outputs") or {}} for r in deployment.get("resources") or []}
+    organization = "organization" if require_backend().startswith(SELF_MANAGED) else "tester"
     try:
-        run = run_program(stack, overrides=config, preview=command == "preview")
+        run = run_program(stack, overrides=config, preview=command == "preview", previous=previous,
+                          organization=organization)
+    except EnginePanic as panic:
+        print(f"{panic}\n\ngoroutine 1 [running]: (fake pulumi)", file=sys.stderr)
+        sys.exit(2)
     except (pulumi.RunError, LabConfigError) as error:
         print(f"{'Previewing update' if command == 'preview' else 'Updating'} ({stack})\n")
         fail(f"program failed:\n{error}")
     if command == "up":
         existing = stacks()
         existing[stack]["lastUpdate"] = read_document(stack)
+        existing[stack]["deployment"] = {"manifest": {}, "resources": [
+            default_vsphere_provider(stack, config, secret_config_keys(stack)),
+            *({"urn": urn, "type": entry["type"], "outputs": entry["outputs"]}
+              for urn, entry in run.previous_state().items())]}
         save_stacks(existing)
     print(f"Resources:\n    + {len(run.registrations)} to create (fake {command}: recorded, nothing sent)")
 

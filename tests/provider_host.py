@@ -28,11 +28,11 @@ pkg/resource/deploy/step_generator.go and sdk/go/common/resource/plugin/provider
 - `destroy`: Delete(properties=old outputs, old_inputs).
 
 `refresh` and `destroy` do not run the program, so no default provider is registered: the engine
-rehydrates the one in the state. Since pulumi/pulumi#18740 (2025) it configures it with
-the current stack config when DiffConfig allows (the Python host has no DiffConfig: the engine's
-own comparison makes it an update, never a replacement); before that it used the inputs recorded
-at the last `up` (providers.Registry.Same: Configure(res.Inputs)). `recorded_provider_config=True`
-plays such an older CLI.
+rehydrates the one in the state and configures it with the inputs recorded at the last `up`
+(pkg/resource/deploy/providers/registry.go Registry.Same: Configure(res.Inputs)), whatever the
+stack config says now. Every CLI does: pulumi/pulumi#18740, which used the current config, was
+reverted the same day by #18756. So `refresh` and `destroy` here take no config: they use the one
+the last `up` recorded (EngineResource.provider_config).
 
 The registered inputs come from the program itself run under the mock engine
 (components/offline.py: Registration.wire_inputs is the RegisterResource request's `object`,
@@ -377,17 +377,14 @@ class EngineResource:
             self.provider_config = (dict(config), tuple(secret_keys))
             return self._record(step)
 
-    def _rehydrated(self, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...],
-                    recorded_provider_config: bool) -> tuple[Mapping[str, str], list[str] | tuple[str, ...]]:
+    def _recorded(self) -> tuple[Mapping[str, str], list[str] | tuple[str, ...]]:
         """The config the provider of a command that does not run the program is configured with."""
-        if recorded_provider_config and self.provider_config is not None:
-            return self.provider_config
-        return config, secret_keys
+        assert self.provider_config is not None, "no `up` recorded a provider configuration"
+        return self.provider_config
 
-    def refresh(self, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...], *,
-                recorded_provider_config: bool = False) -> Step:
+    def refresh(self) -> Step:
         assert self.state is not None, "nothing to refresh"
-        config, secret_keys = self._rehydrated(config, secret_keys, recorded_provider_config)
+        config, secret_keys = self._recorded()
         with self.host(config, secret_keys) as host:
             read = host.read(self.urn, self.state.id, self.state.outputs, self.state.inputs)
         if not read.id:
@@ -397,10 +394,9 @@ class EngineResource:
         self.state = ResourceState(read.id, inputs, read.properties)
         return self._record(Step("refresh"))
 
-    def destroy(self, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...], *,
-                recorded_provider_config: bool = False) -> Step:
+    def destroy(self) -> Step:
         assert self.state is not None, "nothing to destroy"
-        config, secret_keys = self._rehydrated(config, secret_keys, recorded_provider_config)
+        config, secret_keys = self._recorded()
         with self.host(config, secret_keys) as host:
             host.delete(self.urn, self.state.id, self.state.outputs, self.state.inputs, self.timeout_s)
         self.state = None

@@ -55,4 +55,4 @@ def test_a_node_keeps_its_template_until_it_gets_a_new_vm(lab_namespace):
     assert engine.state.id != created_id
     assert engine.state.plain_outputs["template"] == new_template
 
-    assert engine.destroy(moved.config, moved.secret_keys).op == "delete"
+    assert engine.destroy().op == "delete"

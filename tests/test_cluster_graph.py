@@ -1,26 +1,42 @@
 """What the program decides from its previous state, under the mock engine.
 
 Each test runs the real program twice: once to produce a "previous deployment" (the state
-`pulumi:pulumi:readStackResourceOutputs` returns, components/previous_state.py), then again with a
-config change or a changed state, and compares what each resource would receive.
+`pulumi:pulumi:readStackOutputs` and `readStackResourceOutputs` return, components/previous_state.py),
+then again with a config change or a changed state, and compares what each resource would receive.
+The mock answers as the engine does (components/offline.py LabMocks): a self-managed stack with no
+deployment has no outputs, and asking it for its resources kills the run (EnginePanic).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import pulumi
 import pytest
 
-from components.offline import OfflineRun, RecordingMonitor, run_program
-from components.previous_state import READ_STACK_RESOURCE_OUTPUTS
+from components.offline import EnginePanic, InvokeFailed, LabMocks, OfflineRun, RecordingMonitor, run_program
+from components.previous_state import (
+    INITIAL_DEPLOYMENT_OUTPUT,
+    READ_STACK_OUTPUTS,
+    READ_STACK_RESOURCE_OUTPUTS,
+    UNREADABLE_KEY,
+)
+
+STACK_URN = "urn:pulumi:labs::labs-k8s::pulumi:pulumi:Stack::labs-k8s-labs"
+CLOUD_ORGANIZATION = "my-org"
 
 
 def run(namespace: dict[str, Any] | None = None, previous: dict[str, Any] | None = None,
-        sink: list[RecordingMonitor] | None = None) -> OfflineRun:
+        sink: list[RecordingMonitor] | None = None, organization: str = "organization") -> OfflineRun:
     overrides = {f"labs-k8s:{k}": v for k, v in (namespace or {}).items()}
-    return run_program("labs", overrides=overrides, previous=previous, monitor_sink=sink)
+    return run_program("labs", overrides=overrides, previous=previous, monitor_sink=sink,
+                       organization=organization)
+
+
+def state_tokens(run: OfflineRun) -> list[str]:
+    return [token for token, _ in run.calls if token.startswith("pulumi:pulumi:read")]
 
 
 def changed_inputs(before: OfflineRun, after: OfflineRun) -> set[str]:
@@ -51,8 +67,91 @@ def control_planes(lab_namespace: dict[str, Any], count: int, first: int = 1) ->
 
 
 def test_the_program_reads_its_previous_state_before_registering_anything(offline_run: OfflineRun) -> None:
-    assert offline_run.calls[0][0] == READ_STACK_RESOURCE_OUTPUTS
-    assert offline_run.calls[0][1] == {"stackName": "organization/labs-k8s/labs"}
+    again = run(previous=offline_run.previous_state())
+    assert again.calls[:2] == [(READ_STACK_OUTPUTS, {"name": "organization/labs-k8s/labs"}),
+                               (READ_STACK_RESOURCE_OUTPUTS, {"stackName": "organization/labs-k8s/labs"})]
+
+
+def test_the_mock_engine_dies_like_the_cli_on_a_new_self_managed_stack() -> None:
+    """The model the next test stands on: pkg/backend/backend.go GetStackResourceOutputs panics on
+    the nil snapshot of a stack `pulumi stack init` made on a self-managed backend; Pulumi Cloud
+    answers an empty deployment; readStackOutputs is nil-safe on both."""
+    def program() -> None:
+        pulumi.runtime.invoke(READ_STACK_OUTPUTS, {"name": "organization/labs-k8s/labs"})
+        with contextlib.suppress(Exception):  # what a program that catches everything would do
+            pulumi.runtime.invoke(READ_STACK_RESOURCE_OUTPUTS, {"stackName": "organization/labs-k8s/labs"})
+
+    with pytest.raises(EnginePanic):
+        run_program("labs", program=program, previous=None)
+    assert run_program("labs", program=program, previous=None, organization=CLOUD_ORGANIZATION)
+    assert run_program("labs", program=program, previous={})
+
+
+@pytest.mark.parametrize("preview", [True, False], ids=["preview", "up"])
+def test_a_new_self_managed_stack_is_never_asked_for_its_resources(preview: bool) -> None:
+    """The README's self-managed path: `pulumi stack init`, then the first preview or up."""
+    first = run_program("labs", previous=None, preview=preview)
+    assert state_tokens(first) == [READ_STACK_OUTPUTS]
+    assert first.by_name("labs-k8s-m02-refresh-join-material")
+
+
+def failed_first_up(state: dict[str, Any], stack_outputs: dict[str, Any]) -> dict[str, Any]:
+    """A first `up` that created the VMs and m01, then failed at m02's join: no program output
+    was registered, the stack resource has only what it had before."""
+    failed = {urn: entry for urn, entry in state.items() if entry["type"] != "pulumi:pulumi:Stack"}
+    failed = without(without(without(failed, "labs-k8s-m02-kubeadm-join"), "labs-k8s-m03-kubeadm-join"),
+                     "verify-cluster")
+    failed[STACK_URN] = {"type": "pulumi:pulumi:Stack", "outputs": stack_outputs}
+    return failed
+
+
+@pytest.mark.parametrize(("organization", "stack_outputs"), [
+    ("organization", {INITIAL_DEPLOYMENT_OUTPUT: "make up"}),
+    (CLOUD_ORGANIZATION, {}),
+], ids=["self-managed-made-by-make-up", "pulumi-cloud"])
+def test_a_first_up_that_failed_before_any_output_still_retries_with_fresh_join_material(
+    offline_run: OfflineRun, organization: str, stack_outputs: dict[str, Any]
+) -> None:
+    failed = failed_first_up(offline_run.previous_state(), stack_outputs)
+    retry = run(previous=failed, organization=organization)
+    assert state_tokens(retry) == [READ_STACK_OUTPUTS, READ_STACK_RESOURCE_OUTPUTS]
+    assert "join-attempt:2" in retry.by_name("labs-k8s-m02-refresh-join-material").plain_inputs["triggers"]
+    assert "join-attempt:1" in retry.by_name("labs-k8s-m01-refresh-join-material").plain_inputs["triggers"]
+    assert not retry.stack_outputs.get("labsK8sInitialDeployment")  # the program's outputs replace it
+
+
+def test_a_self_managed_stack_without_outputs_is_read_as_new(offline_run: OfflineRun) -> None:
+    """A bare `pulumi stack init` + failed `pulumi up` (not `make up`) cannot be told from a new
+    stack: read as one, never with readStackResourceOutputs (components/previous_state.py)."""
+    retry = run(previous=failed_first_up(offline_run.previous_state(), {}))
+    assert state_tokens(retry) == [READ_STACK_OUTPUTS]
+    assert "join-attempt:1" in retry.by_name("labs-k8s-m02-refresh-join-material").plain_inputs["triggers"]
+
+
+@pytest.fixture
+def unreadable_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: LabMocks, name: str) -> dict[str, Any]:
+        raise InvokeFailed(READ_STACK_OUTPUTS, 'failed to load checkpoint: blob (key ".pulumi/stacks/labs-k8s/'
+                                               'labs.json"): AccessDenied')
+
+    monkeypatch.setattr(LabMocks, "_read_stack_outputs", refuse)
+
+
+@pytest.mark.usefixtures("unreadable_backend")
+def test_an_unreadable_state_stops_the_run_before_anything_is_registered(offline_run: OfflineRun) -> None:
+    sink: list[RecordingMonitor] = []
+    with pytest.raises(pulumi.RunError) as caught:
+        run(previous=offline_run.previous_state(), sink=sink)
+    message = str(caught.value)
+    assert "AccessDenied" in message and "join-material" in message
+    assert f"--path {UNREADABLE_KEY} ignore" in message and "pulumi config rm" in message
+    assert sink[0].registrations == {}
+
+
+@pytest.mark.usefixtures("unreadable_backend")
+def test_the_override_key_goes_on_without_the_state(lab_namespace: dict[str, Any]) -> None:
+    ignored = run({"previousState": {"unreadable": "ignore"}}, previous={})
+    assert "join-attempt:1" in ignored.by_name("labs-k8s-m02-refresh-join-material").plain_inputs["triggers"]
 
 
 def test_a_second_up_with_no_change_changes_nothing(offline_run: OfflineRun) -> None:
@@ -113,8 +212,9 @@ def test_changes_that_keep_a_quorum_are_accepted(lab_namespace: dict[str, Any], 
         assert not {f"labs-k8s-m0{i}-leave-cluster" for i in range(after + 1, before + 1)} & names
 
 
-def test_a_new_stack_and_an_unreadable_state_skip_the_checks(lab_namespace: dict[str, Any]) -> None:
+def test_a_new_stack_skips_the_checks(lab_namespace: dict[str, Any]) -> None:
     assert run({"nodes": control_planes(lab_namespace, 3)}, previous={}).by_name("labs-k8s-m01-kubeadm-join")
+    assert run({"nodes": control_planes(lab_namespace, 3)}, previous=None).by_name("labs-k8s-m01-kubeadm-join")
 
 
 @pytest.mark.parametrize(("valid_until", "renewed"), [("2099-01-01T00:00:00Z", False),

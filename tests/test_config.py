@@ -360,3 +360,44 @@ def test_extra_public_keys_are_checked_one_by_one(lab_namespace):
     lab_namespace["ssh"]["extraPublicKeys"] = [lab_namespace["ssh"]["publicKey"], "ssh-ed25519 not-base64!"]
     found = problems(lab_namespace)
     assert list(found) == ["ssh.extraPublicKeys[1]"]
+
+
+# --------------------------------------------------------------------------- issue 24: workers, YAML shapes
+
+
+def test_zero_workers_are_refused(lab_namespace):
+    """The lab built with no worker, and nothing could run: kubeadm keeps the control planes tainted."""
+    lab_namespace["nodes"]["workers"]["hosts"] = []
+    found = problems(lab_namespace)
+    assert "no workers: kubeadm taints the control planes NoSchedule" in found["nodes.workers.hosts"]
+    assert "kubernetes.upgrade.workersAtOnce" not in found  # one problem, said once
+    lab_namespace["kubernetes"]["allowSingleWorker"] = True
+    assert "nodes.workers.hosts" in problems(lab_namespace)  # the opt-in is for one worker, not none
+
+
+def test_a_single_worker_needs_the_explicit_opt_in(lab_namespace):
+    """With one worker, workersAtOnce: 1 (its only legal value) drains the only worker on upgrade."""
+    hosts(lab_namespace, "workers").pop()
+    message = problems(lab_namespace)["nodes.workers.hosts"]
+    assert "every Kubernetes upgrade drains it" in message and "allowSingleWorker: true" in message
+    lab_namespace["kubernetes"]["allowSingleWorker"] = True
+    assert len(load_lab_config(lab_namespace).workers) == 1
+    lab_namespace["kubernetes"]["upgrade"] = {"workersAtOnce": 2}
+    assert "use 1 to 1" in problems(lab_namespace)["kubernetes.upgrade.workersAtOnce"]
+
+
+def test_a_single_dns_server_not_in_a_list_says_the_list_form(lab_namespace):
+    lab_namespace["network"]["dnsServers"] = "10.3.60.1"
+    message = problems(lab_namespace)["network.dnsServers"]
+    assert message.startswith("Input should be a valid list (got '10.3.60.1')")
+    assert "write a YAML list, one `- item` per line" in message
+
+
+def test_an_unquoted_version_says_to_quote_it(lab_namespace):
+    lab_namespace["kubernetes"]["version"] = 1.36
+    message = problems(lab_namespace)["kubernetes.version"]
+    assert message.startswith("Input should be a valid string (got 1.36)")
+    assert 'quote it, so that YAML keeps it text and whole: "1.36.0"' in message
+    lab_namespace["kubernetes"]["version"] = "1.36.0"
+    lab_namespace["template"]["name"] = 12
+    assert problems(lab_namespace)["template.name"].endswith("quote it, so that YAML keeps it text")

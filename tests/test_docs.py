@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -46,9 +47,11 @@ def test_ci_runs_the_readme_test_command():
     assert "CI=true" in run
 
 
-def test_make_up_runs_pulumi_up_on_the_labs_stack():
+def test_make_up_runs_pulumi_up_on_the_stack_it_is_given():
     makefile = (REPO_ROOT / "Makefile").read_text()
-    assert "STACK ?= labs" in makefile
+    # No default: a forgotten `export STACK` must not create the example stack (tests/test_first_install.py).
+    assert re.search(r"^STACK \?=$", makefile, flags=re.M)
+    assert re.search(r"^up: stack-named venv$", makefile, flags=re.M)
     # Its recipe's last line hands over to the CLI (after the checks of components/first_run.py).
     # (without SSH_AUTH_SOCK: a stale agent socket fails every remote step, tests/test_first_install.py)
     assert re.search(r"^up: .*\n(?:\t.*\n)*?\t\$\(NO_AGENT\) pulumi up --stack \$\(STACK\)$", makefile, flags=re.M)
@@ -161,6 +164,9 @@ def test_the_readme_first_lab_run_in_order_reaches_pulumi_up(tmp_path, variant):
     # Step 4's roles for the vCenter administrator come from the file the user just edited.
     assert "govc role.create labs-k8s-read StorageProfile.View" in result.stdout
     assert "-propagate=true /DC-Berlin/vm/labs-k8s" in result.stdout
+    # ... and are granted to the account step 5 set, not to a placeholder left for the reader.
+    assert "$PRINCIPAL" not in result.stdout
+    assert re.search(r"govc permissions.set -principal labs-k8s@vsphere.local ", result.stdout), result.stdout
     document = (box.repo / "Pulumi.mysite.yaml").read_text()
     assert "DC-Berlin" in document and "hunter2" not in document and "PRIVATE KEY" not in document
     assert ("encryptionsalt:" in document) == (variant == "self-managed")
@@ -216,3 +222,156 @@ def test_the_site_checklist_names_every_setting_a_site_changes():
     assert not unlisted, f"README \"What to change for your site\" does not say what these must be: {unlisted}"
     assert not [key for key in SAME_AT_EVERY_SITE if key not in leaves], "a key kept as it is, not in the example"
     assert not [key for key in SAME_AT_EVERY_SITE if listed(key)], "a key both listed and kept as it is"
+
+
+# --------------------------------------------------------------------------- after `make up` (issue 24)
+
+
+def test_the_readme_kubeconfig_is_private_and_outside_the_checkout(tmp_path):
+    """The README wrote the cluster-admin kubeconfig into the checkout, world-readable and not
+    ignored by git. Its lines, run verbatim with a umask of 022 and stand-ins for the two CLIs."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = re.search(r"<!-- kubeconfig -->\n```sh\n(.*?)```", readme, flags=re.S).group(1)
+    box = Sandbox(tmp_path, with_cli=False)
+    (box.bin / "pulumi").write_text("#!/bin/sh\necho 'apiVersion: v1  # client-key-data: SECRET'\n")
+    (box.bin / "kubectl").write_text("#!/bin/sh\necho \"kubectl $*\"\n")
+    for tool in ("pulumi", "kubectl"):
+        (box.bin / tool).chmod(0o755)
+    before = set(box.repo.rglob("*"))
+    result = box.run("umask 022\n" + block, STACK="mysite")
+    assert result.returncode == 0, result.stderr
+    written = box.home / ".kube" / "labs-k8s-mysite"
+    assert "SECRET" in written.read_text()
+    assert written.stat().st_mode & 0o777 == 0o600
+    assert f"kubectl --kubeconfig {written} get nodes" in result.stdout
+    assert set(box.repo.rglob("*")) == before  # nothing new in the checkout
+    # The shell's own umask is left as it was for what the user runs next.
+    after = box.run("umask 022\n" + block + "umask\n", STACK="mysite")
+    assert after.stdout.strip().endswith("0022")
+
+
+def test_the_datastore_size_in_the_prerequisites_is_what_preflight_asks_for():
+    """The prerequisites' figure is preflight's own sum for the example (components/vsphere/preflight.py
+    _check_datastore: eager-zeroed disks + swap files, plus the margin)."""
+    from components.config import NAMESPACE, load_lab_config
+    from components.offline import PLACEHOLDER_PUBLIC_KEY
+    from components.preflight import preflight_spec
+
+    config = yaml.safe_load((REPO_ROOT / "Pulumi.labs.yaml").read_text())["config"]
+    raw = {key[len(NAMESPACE) + 1:]: value for key, value in config.items() if key.startswith(f"{NAMESPACE}:")}
+    raw["ssh"] = {**raw["ssh"], "publicKey": PLACEHOLDER_PUBLIC_KEY}
+    spec = preflight_spec(load_lab_config(raw), "labs")
+    disks = sum(sum(vm.disk_gib) for vm in spec.vms)
+    swap = sum(vm.memory_mib for vm in spec.vms) / 1024
+    needed = round((disks + swap) * (1 + spec.free_space_margin))
+    prerequisites = (REPO_ROOT / "README.md").read_text().split("## Prerequisites", 1)[1].split("\n## ", 1)[0]
+    text = " ".join(prerequisites.split())
+    assert f"about {needed} GiB free" in text
+    assert f"{disks} GiB of disks" in text and f"{swap:.0f} GiB of VM swap files" in text
+    assert f"{spec.free_space_margin:.0%} margin" in text.replace(" %", "%")
+
+
+def _ca_section() -> str:
+    runbook = (REPO_ROOT / "docs" / "runbook.md").read_text()
+    return runbook.split("### Trusting the vCenter certificate", 1)[1].split("\n### ", 1)[0]
+
+
+def test_the_ca_how_to_uses_only_what_step_one_installs(tmp_path):
+    """`unzip` is not in README step 1: the how-to unpacks vCenter's download.zip with python3,
+    and its extraction line, run on an archive laid out as vCenter's (certs/lin/<hash>.0,
+    certs/mac/..., certs/win/...), yields the Linux CA files the next line copies."""
+    import zipfile
+
+    section = _ca_section()
+    linux = re.findall(r"```sh\n(.*?)```", section, flags=re.S)[0]
+    assert not [block for block in re.findall(r"```sh\n(.*?)```", section, flags=re.S) if "unzip" in block]
+    extract = next(line for line in linux.splitlines() if "zipfile" in line)
+    with zipfile.ZipFile(tmp_path / "vcenter-certs.zip", "w") as archive:
+        for name in ("certs/lin/1a2b3c4d.0", "certs/lin/1a2b3c4d.r0", "certs/mac/1a2b3c4d.0", "certs/win/1a2b.crt"):
+            archive.writestr(name, "-----BEGIN X509 CRL or CERTIFICATE-----\n")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", extract], cwd=tmp_path, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "certs" / "lin" / "1a2b3c4d.0").is_file()
+
+
+def test_the_ca_how_to_gives_the_macos_path():
+    """On macOS Go verifies against the Keychain and ignores SSL_CERT_FILE (crypto/x509
+    root_darwin.go), while Python's ssl reads OpenSSL's files, never the Keychain: two steps."""
+    section = _ca_section()
+    assert "security add-trusted-cert" in section and "/Library/Keychains/System.keychain" in section
+    assert "SSL_CERT_FILE" in section.split("On macOS", 1)[1]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/runbook.md", "docs/drills.md", "docs/troubleshooting.md"])
+def test_a_users_command_blocks_name_their_stack_not_the_example(doc):
+    """Copied as they are, `--stack labs` lines act on the example stack, not the reader's site
+    (docs/pull-requests.md describes the workflow's own `labs` stack and keeps it)."""
+    hard_coded = [line for line in code_lines(REPO_ROOT / doc) if re.search(r"--stack labs\b", line)]
+    assert not hard_coded, f"{doc}: use --stack \"$STACK\": {hard_coded}"
+
+
+# --------------------------------------------------------------------------- docs/architecture.md's graph (issue 24)
+
+# The shape diagram's boxes, as the resources of the committed stack each stands for.
+SHAPE_GROUPS = {
+    "T": r"golden-template", "CS": r".*-clone-source", "VM": r"labs-k8s-(lb|m|w)\d+", "AA": r".*-anti-affinity",
+    "R": r".*-ready", "NS": r".*-node-settings", "LB": r".*-lb-setup", "P1": r"labs-k8s-m01-prepare",
+    "P": r"labs-k8s-(m0[2-9]|w\d+)-prepare", "I": r"labs-k8s-m01-kubeadm-init",
+    "L1": r"labs-k8s-m01-leave-cluster", "L2": r"labs-k8s-m02-leave-cluster", "L3": r"labs-k8s-m03-leave-cluster",
+    "LW": r"labs-k8s-w\d+-leave-cluster", "F1": r"labs-k8s-m01-refresh-join-material",
+    "F2": r"labs-k8s-m02-refresh-join-material", "F3": r"labs-k8s-m03-refresh-join-material",
+    "FW": r"labs-k8s-w\d+-refresh-join-material", "J1": r"labs-k8s-m01-kubeadm-join",
+    "J2": r"labs-k8s-m02-kubeadm-join", "J3": r"labs-k8s-m03-kubeadm-join", "JW": r"labs-k8s-w\d+-kubeadm-join",
+    "U1": r"labs-k8s-m01-upgrade", "U2": r"labs-k8s-m02-upgrade", "U3": r"labs-k8s-m03-upgrade",
+    "UD": r"labs-k8s-w\d+-upgrade-drain", "UW": r"labs-k8s-w\d+-upgrade", "UU": r"labs-k8s-w\d+-upgrade-uncordon",
+    "TG": r"teardown-guard", "FL": r"flannel", "KC": r"kubeconfig", "V": r"verify-cluster",
+}
+NOT_DRAWN = {"bootstrap-token-id", "bootstrap-token-secret", "certificate-key", "vrrp-password"}
+
+
+def _architecture() -> str:
+    return (REPO_ROOT / "docs" / "architecture.md").read_text()
+
+
+def _shape_edges() -> list[tuple[str, str, str]]:
+    """(source, target, label) of every arrow; a label such as `m01's` names the one member meant."""
+    block = re.search(r"## The dependency graph.*?```mermaid\n(.*?)```", _architecture(), flags=re.S).group(1)
+    edges = []
+    for line in block.splitlines()[1:]:
+        parts = [re.match(r"\s*(?:\|([^|]*)\|)?\s*([A-Z]\w*)", part).groups() for part in line.split("-->")]
+        edges += [(a[1], b[1], b[0] or "") for a, b in itertools.pairwise(parts)]
+    return edges
+
+
+def test_the_architecture_diagram_draws_real_dependencies(offline_run):
+    """It showed no upgrade steps and all five prepares gating init (only m01's does)."""
+    custom = {reg.urn: reg for reg in offline_run.registrations.values() if reg.custom}
+    names = {urn: reg.name for urn, reg in custom.items()}
+    members = {box: {n for n in names.values() if re.fullmatch(pattern, n)} for box, pattern in SHAPE_GROUPS.items()}
+    assert all(members.values()), [box for box, found in members.items() if not found]
+    drawn = {n for found in members.values() for n in found}
+    assert set(names.values()) - drawn == NOT_DRAWN, "a resource the diagram does not show"
+    deps = {reg.name: {names[d] for d in reg.dependencies if d in names} for reg in custom.values()}
+    edges = _shape_edges()
+    assert {box for source, target, _ in edges for box in (source, target)} == set(SHAPE_GROUPS)
+    for source, target, label in edges:
+        for resource in members[target]:
+            assert deps[resource] & members[source], f"{source} --> {target}: {resource} depends on no {source}"
+        if len(members[target]) == 1:  # into one step from a group: every member gates it, or the one named
+            (resource,) = members[target]
+            meant = {m for m in members[source] if f"-{label.removesuffix(chr(39) + 's')}-" in m} if label else set()
+            assert not label or len(meant) == 1, f"{source} -->|{label}| {target}: names no single member"
+            gating = meant or members[source]
+            assert gating <= deps[resource], f"{source} --> {target}: not all of {gating} gate {resource}"
+
+
+def test_the_architecture_depth_is_the_programs(offline_run, run_with, lab_namespace):
+    from components.render_cli import graph_depth
+
+    depth = graph_depth(offline_run)
+    stated = re.search(r"Its depth is (\d+) resources whatever the worker count", _architecture())
+    assert stated and int(stated.group(1)) == depth
+    workers = lab_namespace["nodes"]["workers"]["hosts"]
+    workers += [{"name": f"labs-k8s-w{i:02}", "ip": f"10.3.60.{70 + i}"} for i in range(3, 11)]
+    assert graph_depth(run_with(nodes=lab_namespace["nodes"])) == depth  # ten workers: the same

@@ -828,3 +828,25 @@ def test_real_kubectl_against_a_loopback_api() -> None:
         _FakeApi.ready = True
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(("scenario", "says"), [
+    ("worker", "1 worker(s): the test pods have nowhere else to go"),
+    ("drain", "1 worker(s): the test pods have nowhere else to go"),
+])
+def test_dry_run_refuses_what_the_live_run_refuses(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                                   lab_namespace: dict, scenario: str, says: str) -> None:
+    """A one-worker lab (labs-k8s:kubernetes.allowSingleWorker) planned "2 nginx pods" in --dry-run
+    while the live drill refuses it: the plan says the refusal instead, with exit status 2."""
+    import components.offline
+    from components.config import load_lab_config
+
+    lab_namespace["nodes"]["workers"]["hosts"].pop()
+    lab_namespace["kubernetes"]["allowSingleWorker"] = True
+    lab = load_lab_config(lab_namespace)
+    monkeypatch.setattr(components.offline, "lab_config_from_stack", lambda stack: lab)
+    assert components_main(["drill", scenario, "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert f"DRY RUN: the {scenario} drill would refuse stack 'labs': {says}" in captured.err
+    assert "nginx pods" not in captured.out
+    assert components_main(["drill", "control-plane", "--dry-run"]) == 0  # three control planes: planned

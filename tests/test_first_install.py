@@ -7,6 +7,7 @@ and print the command that fixes it, before `pulumi up` (or anything in vCenter)
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +73,7 @@ LATER_STEPS_NEED = {
     "git": "command -v git",  # step 1: the clone
     "make": "command -v make",  # make venv, make up
     "python3 -m venv": "python3 -m venv /tmp/first-lab-venv && /tmp/first-lab-venv/bin/pip --version",
-    "ssh-keygen": "command -v ssh-keygen",  # step 5: the lab's key pair
+    "ssh-keygen": "command -v ssh-keygen",  # step 6: the lab's key pair
     "xorriso": "command -v xorriso",  # the template build remasters the installer ISO on this machine
 }
 
@@ -101,7 +102,7 @@ def test_step_one_installs_every_tool_the_later_steps_use(tmp_path):
 @pytest.mark.parametrize("target", ["up", "preview", "destroy"])
 def test_without_the_cli_make_says_how_to_install_it(tmp_path, target):
     box = Sandbox(tmp_path, with_cli=False)
-    result = box.make(target)
+    result = box.make(target, f"STACK={STACK}")
     assert result.returncode != 0
     assert "command not found" not in result.stderr
     assert "the Pulumi CLI is not installed" in result.stderr
@@ -111,7 +112,7 @@ def test_without_the_cli_make_says_how_to_install_it(tmp_path, target):
 
 @pytest.mark.parametrize("target", ["up", "preview", "destroy"])
 def test_without_a_login_make_says_how_to_log_in(sandbox, target):
-    result = sandbox.make(target)
+    result = sandbox.make(target, f"STACK={STACK}")
     assert result.returncode != 0
     assert "not logged in to a backend" in result.stderr
     for way in ("pulumi login  ", "pulumi login s3://", "pulumi login --local", "PULUMI_CONFIG_PASSPHRASE"):
@@ -167,6 +168,32 @@ def test_destroy_reads_vcenter_first_so_a_vm_already_gone_does_not_stop_it(sandb
     ready_stack(sandbox)
     result = sandbox.make("destroy", f"STACK={STACK}")
     assert result.returncode == 0, result.stderr
+    assert sandbox.calls()[-1] == ["destroy", "--stack", STACK, "--refresh"]
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    (f"printf 'rotated-pw' | pulumi config set --stack {STACK} --secret vsphere:password", "vsphere:password"),
+    (f"pulumi config set --stack {STACK} vsphere:user other@vsphere.local", "vsphere:user"),
+], ids=["password-rotated", "user-changed"])
+def test_destroy_after_a_changed_vcenter_login_says_an_up_comes_first(sandbox, change, key):
+    """`pulumi destroy` configures the providers with the inputs the last `up` recorded
+    (pulumi/pulumi providers/registry.go Registry.Same; #18740 reverted by #18756): with a changed
+    login it would log in with the old one. The fake's state records the default vSphere provider's
+    inputs as the engine does (tests/fake_pulumi.py)."""
+    ready_stack(sandbox)
+    assert sandbox.make("up", f"STACK={STACK}").returncode == 0
+    assert sandbox.run(change + "\n").returncode == 0
+    refused = sandbox.make("destroy", f"STACK={STACK}")
+    assert refused.returncode != 0
+    assert f"{key} changed since the last `up` of stack '{STACK}'" in refused.stderr
+    assert f"make up STACK={STACK}" in refused.stderr and "#18756" in refused.stderr
+    assert "destroy" not in sandbox.commands()
+    assert "hunter2" not in refused.stderr + refused.stdout and "rotated-pw" not in refused.stderr + refused.stdout
+    assert not any("hunter2" in arg or "rotated-pw" in arg for argv in sandbox.calls() for arg in argv)
+
+    assert sandbox.make("up", f"STACK={STACK}").returncode == 0  # records the new login
+    done = sandbox.make("destroy", f"STACK={STACK}")
+    assert done.returncode == 0, done.stderr
     assert sandbox.calls()[-1] == ["destroy", "--stack", STACK, "--refresh"]
 
 
@@ -240,12 +267,48 @@ def test_a_complete_stack_reaches_pulumi_up(sandbox):
     assert yaml.safe_load(text)["config"]["vsphere:password"]["secure"].startswith("v1:")
 
 
+def test_the_first_up_of_a_new_self_managed_stack_does_not_crash_the_cli(sandbox):
+    """The README's self-managed path (`pulumi login --local`, `pulumi stack init`, `make up`): the
+    stack has no deployment, and asking the engine for its resources panics the real CLI
+    (components/previous_state.py). `make up` gives it an initial deployment once; a bare
+    `pulumi preview`/`pulumi up` on such a stack does not crash either."""
+    phrase = {"PULUMI_CONFIG_PASSPHRASE": "correct horse"}
+    ready_stack(sandbox, backend="local")
+    bare = sandbox.run(f"pulumi preview --stack {STACK}\npulumi up --stack {STACK}\n", **phrase)
+    assert bare.returncode == 0, bare.stderr
+    assert "panic" not in bare.stderr
+
+    sandbox.run(f"cp Pulumi.{STACK}.yaml Pulumi.second.yaml\nsed -i '/encryptionsalt/d' Pulumi.second.yaml\n"
+                "pulumi stack init second\n", **phrase)
+    first = sandbox.make("up", "STACK=second", **phrase)
+    assert first.returncode == 0, first.stderr
+    assert "make up: gave stack 'second' its initial deployment" in first.stdout
+    imports = [c for c in sandbox.calls() if c[:2] == ["stack", "import"]]
+    assert len(imports) == 1 and sandbox.calls()[-1] == ["up", "--stack", "second"]
+    again = sandbox.make("up", "STACK=second", **phrase)
+    assert again.returncode == 0, again.stderr
+    assert len([c for c in sandbox.calls() if c[:2] == ["stack", "import"]]) == 1  # idempotent
+    # A destroy leaves an empty deployment: the next `make up` gives it the initial one again.
+    assert sandbox.make("destroy", "STACK=second", **phrase).returncode == 0
+    assert sandbox.make("up", "STACK=second", **phrase).returncode == 0
+    assert len([c for c in sandbox.calls() if c[:2] == ["stack", "import"]]) == 2
+
+
+def test_pulumi_cloud_stacks_get_no_initial_deployment(sandbox):
+    ready_stack(sandbox)
+    assert sandbox.make("up", f"STACK={STACK}").returncode == 0
+    assert "stack export" not in sandbox.commands() and "stack import" not in sandbox.commands()
+
+
 def test_a_private_key_with_a_passphrase_stops_up_before_anything_is_built(sandbox):
     private, public = keypair(sandbox.home, "locked", passphrase="s3cret-phrase")
     ready_stack(sandbox, private=private, public=public)
     result = sandbox.make("up", f"STACK={STACK}")
     assert result.returncode != 0
     assert "labs-k8s:sshPrivateKey: the private key is protected by a passphrase" in result.stderr
+    # The real reason (pulumi-command has privateKeyPassword and agents), not "cannot type it".
+    assert "cannot type" not in result.stderr
+    assert "passes no privateKeyPassword to pulumi-command" in result.stderr
     assert "ssh-keygen -t ed25519 -N ''" in result.stderr
     assert "nothing was created" in result.stderr
 
@@ -370,3 +433,168 @@ def test_a_stale_ssh_agent_socket_does_not_break_the_steps(sandbox, tmp_path, ta
     result = sandbox.make(target, f"STACK={STACK}", SSH_AUTH_SOCK=str(stale))
     assert result.returncode == 0, result.stderr
     assert sandbox.calls()[-1][0] == target
+
+
+# --------------------------------------------------------------------------- which stack (issue 24)
+
+
+@pytest.mark.parametrize("target", ["up", "preview", "destroy"])
+def test_a_new_shell_without_stack_is_asked_which_stack(sandbox, target):
+    """`STACK ?= labs` made a forgotten `export STACK` create a stack named after the example and
+    write its encryptionsalt into the tracked Pulumi.labs.yaml: now there is no default."""
+    example = sandbox.stack_file("labs").read_bytes()
+    sandbox.run(f"pulumi login --local\ncp Pulumi.labs.yaml Pulumi.{STACK}.yaml\n")
+    result = sandbox.make(target, PULUMI_CONFIG_PASSPHRASE="correct horse")
+    assert result.returncode != 0
+    assert f"make {target}: which stack? STACK is not set" in result.stderr
+    assert "export STACK=<your site's stack>" in result.stderr
+    assert f"Stack files in this checkout: {STACK}" in result.stderr
+    assert sandbox.commands() == ["login"]  # not even whoami: nothing was asked of the backend
+    assert sandbox.stack_file("labs").read_bytes() == example
+
+
+@pytest.mark.parametrize("backend", ["local", "cloud"])
+def test_the_example_stack_is_never_created_so_its_file_stays_clean(sandbox, backend):
+    example = sandbox.stack_file("labs").read_bytes()
+    sandbox.run("pulumi login --local\n" if backend == "local" else "pulumi login\n", PULUMI_ACCESS_TOKEN="pul-fake")
+    result = sandbox.make("up", "STACK=labs", PULUMI_CONFIG_PASSPHRASE="correct horse", PULUMI_ACCESS_TOKEN="pul-fake")
+    assert result.returncode != 0
+    assert "stack 'labs' is the example every site's stack file starts from" in result.stderr
+    assert 'cp Pulumi.labs.yaml "Pulumi.$STACK.yaml"' in result.stderr
+    assert "stack init" not in sandbox.commands()
+    assert sandbox.stack_file("labs").read_bytes() == example
+    assert "encryptionsalt" not in yaml.safe_load(sandbox.stack_file("labs").read_text())
+
+
+def test_a_mistyped_stack_is_asked_did_you_mean(sandbox):
+    ready_stack(sandbox)
+    result = sandbox.make("up", "STACK=mysiet")
+    assert result.returncode != 0
+    assert result.stderr.startswith(f"make up: did you mean '{STACK}' (STACK={STACK})? If not: no stack file"), \
+        result.stderr
+    assert sandbox.commands().count("stack init") == 1  # ready_stack's own only
+    destroyed = sandbox.make("destroy", "STACK=mysiet")
+    assert destroyed.returncode != 0
+    assert f"did you mean '{STACK}' (STACK={STACK})?" in destroyed.stderr
+    # No near match: no guess.
+    far = sandbox.make("up", "STACK=berlin")
+    assert "did you mean" not in far.stderr and "no stack file Pulumi.berlin.yaml" in far.stderr
+
+
+@pytest.mark.parametrize(("key", "value", "fix"), [
+    ("labs-k8s:sshPrivateKey", None, "--secret labs-k8s:sshPrivateKey < ~/.ssh/labs-k8s"),
+    ("vsphere:password", "hunter2", "--secret vsphere:password"),
+])
+def test_a_secret_set_in_clear_is_refused_with_the_secret_line(sandbox, key, value, fix):
+    """Pulumi only guards key names that look secret (password, token, ...); a private key named
+    sshPrivateKey set without --secret sat in the stack file in clear, and the lab built."""
+    private, public = keypair(sandbox.home)
+    ready_stack(sandbox, private=private, public=public)
+    source = f"< {private}" if value is None else f"<<< {value}"
+    plain = sandbox.run(f"pulumi config set --stack {STACK} {key} {source}\n")
+    assert plain.returncode == 0, plain.stderr
+    assert "secure" not in str(yaml.safe_load(sandbox.stack_file(STACK).read_text())["config"][key])
+
+    result = sandbox.make("up", f"STACK={STACK}")
+    assert result.returncode != 0
+    assert f"{key} is set in clear in Pulumi.{STACK}.yaml" in result.stderr
+    assert f"pulumi config set --stack {STACK} {fix}" in result.stderr
+    assert "up" not in sandbox.commands()
+    secret = private.read_text().splitlines()[1] if value is None else value
+    assert secret not in result.stdout + result.stderr
+
+    # The printed line replaces the clear value; then the run goes on.
+    fixed = sandbox.run(f"pulumi config set --stack {STACK} --secret {key} {source}\n")
+    assert fixed.returncode == 0, fixed.stderr
+    assert sandbox.make("up", f"STACK={STACK}").returncode == 0
+
+
+def test_make_help_lists_every_target_a_user_runs():
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    phony = set(re.search(r"^\.PHONY: (.*)$", makefile, flags=re.M).group(1).split())
+    internal = {"help", "venv-dev", "system-deps", "vcsim", "stack-named"}  # prerequisites of the listed ones
+    shown = subprocess.run(["make", "-s", "help"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    listed = set(re.findall(r"^make ([a-z-]+)", shown, flags=re.M))
+    assert listed == phony - internal
+    assert "pulumi preview --stack $STACK --diff" in shown
+    assert "two commands a new machine needs" not in makefile
+
+
+# --------------------------------------------------------------------------- the Python (issue 24)
+
+
+def fake_python(path: Path, version: str) -> Path:
+    """A stand-in interpreter reporting `version`. Its `-m venv DIR` makes DIR/bin/python (itself)
+    and a DIR/bin/pip that, as the real one does for a wheel whose Requires-Python the interpreter
+    does not meet (pip/_internal/resolution/resolvelib/factory.py, _report_single_requires_python),
+    fails for a Python older than 3.11; it logs its argv otherwise."""
+    path.write_text(f"""#!/bin/bash
+case "$1" in
+  -c) echo {version} ;;
+  -m) [ "$2" = venv ] || exit 1
+      mkdir -p "$3/bin" && cp "$0" "$3/bin/python"
+      cat > "$3/bin/pip" <<'PIP'
+#!/bin/bash
+if [ "$(printf '%s\\n' 3.11 {version} | sort -V | head -n 1)" != 3.11 ]; then
+  echo "ERROR: Package 'rpds-py' requires a different Python: {version}.12 not in '>=3.11'" >&2; exit 1
+fi
+echo "$@" >> "$(dirname "$0")/pip.log"
+PIP
+      chmod +x "$3/bin/pip" ;;
+  *) exit 1 ;;
+esac
+""")
+    path.chmod(0o755)
+    return path
+
+
+def fresh_checkout(tmp_path: Path) -> Sandbox:
+    box = Sandbox(tmp_path)
+    (box.repo / ".venv").unlink()  # a fresh clone: no virtualenv yet
+    return box
+
+
+def test_python_310_is_named_before_a_virtualenv_is_made(tmp_path):
+    box = fresh_checkout(tmp_path)
+    fake_python(box.bin / "python3", "3.10")
+    result = box.make("venv")
+    assert result.returncode != 0
+    assert "python3 is Python 3.10; this project's pinned packages need Python 3.11 or newer" in result.stderr
+    for way in ("Ubuntu 22.04:  sudo apt-get install -y python3.11 python3.11-venv", "make up PYTHON=python3.11",
+                "macOS:         brew install python@3.12", "Debian 12:"):
+        assert way in result.stderr
+    assert "requires a different Python" not in result.stderr
+    assert not (box.repo / ".venv").exists()
+
+
+def test_a_virtualenv_made_by_python_310_is_made_again(tmp_path):
+    box = fresh_checkout(tmp_path)
+    fake_python(box.bin / "python3", "3.10")
+    fake_python(box.bin / "python3.11", "3.11")
+    # What today's Makefile left behind on Ubuntu 22.04: a .venv by 3.10, whose pip failed.
+    subprocess.run([str(box.bin / "python3"), "-m", "venv", str(box.repo / ".venv")], check=True)
+
+    result = box.make("venv", "PYTHON=python3.11")
+    assert result.returncode == 0, result.stderr
+    assert ".venv was made by Python 3.10; this project needs 3.11 or newer: removing it" in result.stderr
+    venv_python = subprocess.run([str(box.repo / ".venv" / "bin" / "python"), "-c", "v"], capture_output=True,
+                                 text=True, check=True).stdout.strip()
+    assert venv_python == "3.11"
+    assert "--require-hashes -r requirements.txt" in (box.repo / ".venv" / "bin" / "pip.log").read_text()
+    assert (box.repo / ".venv" / ".runtime").is_file()
+    # Made once: the next run keeps it.
+    again = box.make("venv", "PYTHON=python3.11")
+    assert again.returncode == 0 and "removing" not in again.stderr
+
+
+def test_the_existing_example_stack_is_told_its_secrets_would_land_in_the_committed_file(sandbox):
+    """The pull-request workflow's `labs` stack exists in its backend; `make preview STACK=labs` on a
+    workstation then asks for secrets, which `config set` would write into the tracked example."""
+    sandbox.run("pulumi login\n", PULUMI_ACCESS_TOKEN="pul-fake")
+    created = sandbox.run("pulumi stack init labs\n", PULUMI_ACCESS_TOKEN="pul-fake")
+    assert created.returncode == 0, created.stderr
+    result = sandbox.make("preview", "STACK=labs", PULUMI_ACCESS_TOKEN="pul-fake")
+    assert result.returncode != 0
+    assert "pulumi config set --stack labs --secret labs-k8s:sshPrivateKey" in result.stderr
+    assert "These write into the committed example Pulumi.labs.yaml" in result.stderr
+    assert "preview" not in sandbox.commands()

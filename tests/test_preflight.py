@@ -97,8 +97,9 @@ def small_disks(lab: LabConfig, gib: int = 1) -> LabConfig:
 def test_too_small_datastore_fails(with_folder, lab_config, monkeypatch):
     sim = with_folder(hosts=3)
     huge = lab_config.template.model_copy(update={"disk_gib": 10_000_000})
-    with pytest.raises(pulumi.RunError, match=r"\[datastore\].*eager-zeroed"):
+    with pytest.raises(pulumi.RunError, match=r"\[datastore\].*eager-zeroed") as caught:
         run_preflight(inputs_for(sim, lab_on(sim, lab_config.model_copy(update={"template": huge})), monkeypatch))
+    assert "pick a bigger datastore (labs-k8s:vsphere.datastore)" in str(caught.value)  # the key, not only the name
 
 
 def test_three_host_cluster_passes(with_folder, lab_config, monkeypatch):
@@ -128,6 +129,41 @@ def test_missing_network_is_named(with_folder, lab_config, monkeypatch):
     sim = with_folder(hosts=3)
     with pytest.raises(pulumi.RunError, match="k8s-net"):
         run_preflight(inputs_for(sim, lab_on(sim, lab_config, network="k8s-net"), monkeypatch))
+
+
+def test_a_missing_datastore_names_the_key(with_folder, lab_config, monkeypatch):
+    """The placement error listed the datastores vCenter has, but not the setting to change."""
+    sim = with_folder(hosts=3)
+    with pytest.raises(pulumi.RunError, match="no-such-ds") as caught:
+        run_preflight(inputs_for(sim, lab_on(sim, lab_config, datastore="no-such-ds"), monkeypatch))
+    assert "Fix labs-k8s:vsphere.datastore" in str(caught.value)
+
+
+@pytest.mark.parametrize(("reported", "warned"), [("192.168.7.20", True), ("10.3.60.200", False)])
+def test_a_port_group_whose_vms_report_another_subnet_is_warned_about(with_folder, lab_config, monkeypatch,
+                                                                      reported, warned):
+    """The example's 10.3.60.0/24 kept on another network was found only at the first readiness
+    step, 30-45 minutes in. A VM already on the port group (here an unrelated one whose Tools
+    report `reported`, vcsim's SET.guest.ipAddress) tells preflight the port group's subnet."""
+    sim = with_folder(hosts=3)
+    with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
+        other = vs.create_builder_vm(si, vs.BuilderVmSpec(
+            name="someone-elses-vm", datacenter=sim.datacenter, cluster=sim.cluster, datastore=sim.datastore,
+            network=sim.network, iso_path=f"[{sim.datastore}] iso/none.iso", folder=FOLDER, disk_gib=1,
+            memory_mib=64, extra_config={"SET.guest.ipAddress": reported},
+        )).vm
+        if other.runtime.powerState != "poweredOn":
+            vs.wait_for_task(other.PowerOnVM_Task(), "power on someone-elses-vm")
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(message))
+    run_preflight(inputs_for(sim, lab_on(sim, small_disks(lab_config)), monkeypatch))  # a warning, not an error
+    subnet = [w for w in warnings if "[network]" in w or "labs-k8s:network.cidr" in w]
+    if warned:
+        assert len(subnet) == 1, warnings
+        assert f"VMs on port group {sim.network!r} report 192.168.7.20 (someone-elses-vm), none inside " \
+               "labs-k8s:network.cidr 10.3.60.0/24" in subnet[0]
+    else:
+        assert subnet == [], subnet
 
 
 def test_preflight_can_be_switched_off(lab_config, monkeypatch):

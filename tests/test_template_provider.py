@@ -32,7 +32,6 @@ from components.offline import REPO_ROOT, OfflineRun, run_program
 from components.template import TemplateBuildProvider
 from tests.labs import namespace
 from tests.provider_host import EngineResource, ProviderError, Step, from_struct, proxy_free_environment, to_struct
-from tests.requirements import unavailable
 from tests.standin_iso import build_standin_netinst, serve_directory
 from tests.vcsim import Vcsim
 
@@ -268,11 +267,11 @@ def test_lifecycle_through_the_dynamic_provider_host(lab_vcsim, netinst, host_en
 
     # 5. Refresh reads it back unchanged.
     before = engine.state.plain_outputs
-    assert engine.refresh(moved.config, moved.secret_keys).op == "refresh"
+    assert engine.refresh().op == "refresh"
     assert engine.state.plain_outputs == before
 
     # 6. Destroy: nothing of the stack's template is left (template, builder VM, ISO).
-    assert engine.destroy(moved.config, moved.secret_keys).op == "delete"
+    assert engine.destroy().op == "delete"
     si = connect(sim)
     try:
         assert vms_named(si, "labs-k8s-debian12") == {}
@@ -309,7 +308,7 @@ def test_refresh_forgets_a_template_deleted_in_vcenter(lab_vcsim, netinst, host_
         vs.destroy_vm(vs.find_vm_by_uuid(si, engine.state.id))
     finally:
         vs.disconnect(si)
-    assert engine.refresh(run.config, run.secret_keys).op == "gone"
+    assert engine.refresh().op == "gone"
     assert engine.state is None
 
 
@@ -342,10 +341,11 @@ def test_two_stacks_never_touch_each_others_template(lab_vcsim, netinst, host_en
     # destroying it leaves labs' template alone.
     confused = engine_for(runs["other"], host_env)
     confused.state = replace(other_state, id=labs_state.id)
-    confused.destroy(runs["other"].config, runs["other"].secret_keys)
+    confused.provider_config = engines["other"].provider_config  # recorded by other's `up`
+    confused.destroy()
 
-    assert engines["other"].destroy(runs["other"].config, runs["other"].secret_keys).op == "delete"
-    assert engines["labs"].refresh(runs["labs"].config, runs["labs"].secret_keys).op == "refresh"
+    assert engines["other"].destroy().op == "delete"
+    assert engines["labs"].refresh().op == "refresh"
     si = connect(sim)
     try:
         assert set(vms_named(si, "labs-k8s-debian12")) == {names["labs"]}
@@ -439,14 +439,20 @@ def rotate_password(sim: Vcsim, new_password: str) -> Vcsim:
         vs.disconnect(connect(sim))  # the old password
     except vs.VSphereError:
         return rotated
-    unavailable("this vcsim lacks build_vcsim.sh's rotatable-password hook; rebuild it with "
-                "VCSIM_REBUILD=1 bash tests/tools/build_vcsim.sh")
+    raise AssertionError("vcsim still accepts the old password: its login no longer reads "
+                         "LABS_K8S_VCSIM_PASSWORD_FILE (tests/tools/vcsim/main.go)")
 
 
-def test_a_rotated_vcenter_password_keeps_refresh_and_destroy_working(lab_vcsim, netinst, host_env, installer):
+def test_a_rotated_vcenter_password_is_no_change_and_one_up_hands_it_to_refresh_and_destroy(
+    lab_vcsim, netinst, host_env, installer
+):
     """vcsim starts with one password, then accepts only another. The provider logs in with the
-    stack config's current password at every call, so refresh, up and destroy go on working, and
-    a rotation is no change to the template at all."""
+    config it was configured with, at every call: an `up` or a preview (they run the program, so
+    the engine configures the provider with the stack config now) changes nothing. `refresh` and
+    `destroy` do not run the program: every CLI configures them with the inputs recorded at the
+    last `up` (providers/registry.go Registry.Same; pulumi/pulumi#18740 was reverted by #18756),
+    the old password among them. They fail naming the rejected login until one `up` has recorded
+    the new one: what `make destroy` checks (components/first_run.py) and docs/runbook.md says."""
     sim = lab_vcsim
     built = installer(sim)
     run = program(sim, netinst)
@@ -457,47 +463,25 @@ def test_a_rotated_vcenter_password_keeps_refresh_and_destroy_working(lab_vcsim,
 
     rotated = rotate_password(sim, "rotated-secret-2")
     after = program(rotated, netinst)  # the stack config now carries the new password
-    assert engine.refresh(after.config, after.secret_keys).op == "refresh"
+    with pytest.raises(ProviderError) as stale:
+        engine.refresh()
+    assert f"rejected the login for user '{sim.user}'" in stale.value.details
+    assert engine.state is not None and engine.state.id == first_id, "a failed refresh changes nothing"
     assert engine.preview(after.by_name(TEMPLATE).wire_inputs, after.config, after.secret_keys).op == "same"
-    assert up(engine, after).op == "same"
+    assert up(engine, after).op == "same"  # the `make up` the runbook asks for
+    assert engine.refresh().op == "refresh"
     assert engine.state is not None and engine.state.id == first_id
     assert len(built.builds) == 1
 
-    # Rotated again, and destroyed straight away.
+    # Rotated again: destroy, too, needs that `up` first.
     again = sim.rotate_password("rotated-secret-3")
     last = program(again, netinst)
-    assert engine.destroy(last.config, last.secret_keys).op == "delete"
-    si = connect(again)
-    try:
-        assert vms_named(si, "labs-k8s-debian12") == {}
-    finally:
-        vs.disconnect(si)
-
-
-def test_a_rotated_password_with_a_cli_that_reuses_the_recorded_provider_config(
-    lab_vcsim, netinst, host_env, installer
-):
-    """A Pulumi CLI from before pulumi/pulumi#18740 configures providers in `refresh` and
-    `destroy` with the inputs recorded at the last `up`, the old password among them. The
-    provider then fails naming the rejected login, and one `up` (which records the new config,
-    and changes nothing) makes refresh and destroy work: what docs/runbook.md tells the user."""
-    sim = lab_vcsim
-    built = installer(sim)
-    run = program(sim, netinst)
-    engine = engine_for(run, host_env)
-    assert up(engine, run).op == "create"
-
-    rotated = rotate_password(sim, "rotated-secret-2")
-    after = program(rotated, netinst)
     with pytest.raises(ProviderError) as stale:
-        engine.refresh(after.config, after.secret_keys, recorded_provider_config=True)
+        engine.destroy()
     assert f"rejected the login for user '{sim.user}'" in stale.value.details
-    assert engine.state is not None, "a failed refresh changes nothing"
-
-    assert up(engine, after).op == "same"  # the `make up` the runbook asks for
-    assert engine.refresh(after.config, after.secret_keys, recorded_provider_config=True).op == "refresh"
-    assert engine.destroy(after.config, after.secret_keys, recorded_provider_config=True).op == "delete"
-    si = connect(rotated)
+    assert up(engine, last).op == "same"
+    assert engine.destroy().op == "delete"
+    si = connect(again)
     try:
         assert vms_named(si, "labs-k8s-debian12") == {}
     finally:

@@ -16,7 +16,6 @@ import datetime
 import hashlib
 import ipaddress
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +32,9 @@ from components.preflight import run_preflight
 from components.stack_config import StackInputs, VcenterCredentials
 from tests.requirements import require_root, require_tool, unavailable
 
-GO_SOURCE = REPO_ROOT / "tests" / "tools" / "vcenter_login" / "main.go"
+GO_MODULE = REPO_ROOT / "tests" / "tools"  # go.mod pins govmomi, as for vcsim
+GO_SOURCES = [GO_MODULE / "go.mod", GO_MODULE / "go.sum", GO_MODULE / "vcenter_login" / "main.go"]
 GO_CACHE = REPO_ROOT / ".cache" / "vcenter-login"
-GOVMOMI_SOURCES = Path("/usr/share/gocode/src/github.com/vmware/govmomi")  # golang-github-vmware-govmomi-dev
 
 
 def _name(common_name: str) -> x509.Name:
@@ -112,23 +111,19 @@ def test_ssl_cert_file_is_trusted_by_pyvmomi(vcenter, lab_config, pki, monkeypat
 
 
 def provider_login_binary() -> Path:
-    """tests/tools/vcenter_login built with Debian's govmomi sources (GOPATH mode, offline), cached."""
-    require_tool("go")
-    if not GOVMOMI_SOURCES.is_dir():
-        unavailable(f"no govmomi sources at {GOVMOMI_SOURCES} (golang-github-vmware-govmomi-dev, make test "
-                    "installs it)")
-    digest = hashlib.sha256(GO_SOURCE.read_bytes()).hexdigest()[:16]
+    """tests/tools/vcenter_login built with the govmomi module tests/tools/go.mod pins, cached."""
+    found = subprocess.run(["bash", "-c", f"source {GO_MODULE / 'go_env.sh'} && go_binary"], capture_output=True,
+                           text=True, check=False)
+    if found.returncode != 0:
+        unavailable(found.stderr.strip())
+    go = found.stdout.strip()
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in GO_SOURCES)).hexdigest()[:16]
     binary = GO_CACHE / f"vcenter_login-{digest}"
     if binary.is_file():
         return binary
-    gopath = GO_CACHE / "gopath"
-    package = gopath / "src" / "vcenter_login"
-    package.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(GO_SOURCE, package / "main.go")
-    env = {**os.environ, "GO111MODULE": "off", "GOPROXY": "off", "GOFLAGS": "", "CGO_ENABLED": "0",
-           "GOPATH": f"{gopath}:/usr/share/gocode", "GOCACHE": str(GO_CACHE / "go-build")}
-    built = subprocess.run(["go", "build", "-o", str(binary), "."], cwd=package, env=env, capture_output=True,
-                           text=True, timeout=900, check=False)
+    env = {**os.environ, "GOFLAGS": "-mod=readonly", "CGO_ENABLED": "0"}
+    built = subprocess.run([go, "build", "-trimpath", "-o", str(binary), "./vcenter_login"], cwd=GO_MODULE, env=env,
+                           capture_output=True, text=True, timeout=900, check=False)
     if built.returncode != 0:
         unavailable(f"building tests/tools/vcenter_login failed: {built.stderr[-1500:]}")
     return binary

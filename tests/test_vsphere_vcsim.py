@@ -1,4 +1,4 @@
-"""components/vsphere (the pyvmomi package) against a real vCenter simulator (govmomi vcsim 0.24).
+"""components/vsphere (the pyvmomi package) against a real vCenter simulator (govmomi's, tests/tools/go.mod).
 
 Every test gets its own fresh vcsim (tests/vcsim.py). Limits of vcsim that
 shape these tests: clones ignore powerOn/customization/location.host, DRS rules
@@ -300,7 +300,7 @@ def test_upload_to_missing_datastore_names_it(si: vim.ServiceInstance, vcsim: Vc
 
 
 def test_guest_id_unverified_when_vcenter_cannot_tell(si: vim.ServiceInstance, vcsim: Vcsim) -> None:
-    """vcsim 0.24 answers QueryConfigOptionEx with descriptors pyVmomi cannot parse."""
+    """vcsim answers QueryConfigOptionEx with descriptors pyVmomi cannot parse (no recommendedDiskController)."""
     dc = vs.find_datacenter(si, vcsim.datacenter)
     cluster = vs.find_cluster(si, dc, vcsim.cluster)
     guest_id, notes = vs.choose_guest_id(cluster, vs.DEBIAN12_GUEST_ID, vs.GUEST_ID_FALLBACKS)
@@ -573,13 +573,8 @@ def test_preflight_two_hosts_cannot_hold_a_mandatory_three_vm_rule(
 def _disable_drs(cluster: vim.ClusterComputeResource) -> None:
     spec = vim.cluster.ConfigSpecEx(drsConfig=vim.cluster.DrsConfigInfo(enabled=False))
     vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec, True), "disable DRS")
-    if cluster.configurationEx.drsConfig.enabled:
-        from tests.requirements import unavailable
-
-        unavailable(
-            "this vcsim ignores drsConfig.enabled (built without build_vcsim.sh's backport); "
-            "rebuild with VCSIM_REBUILD=1 bash tests/tools/build_vcsim.sh"
-        )
+    # The simulator applies drsConfig.enabled itself (simulator/cluster_compute_resource.go).
+    assert not cluster.configurationEx.drsConfig.enabled, "vcsim ignored drsConfig.enabled"
 
 
 def test_preflight_drs_disabled_fails_or_warns(si: vim.ServiceInstance, vcsim: Vcsim) -> None:

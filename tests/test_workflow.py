@@ -5,9 +5,9 @@ render-diff-comment.yml: the offline per-machine diff, computed without any writ
 posted by a workflow_run that never runs the pull request's code.
 
 The lint is check-jsonschema's vendored GitHub workflow schema (offline). The schema only knows
-shapes; the key facts (tests before the preview, pulumi/actions preview of `labs` commented on
-the PR, self-hosted runner, credentials only from `secrets.`, who may write) are asserted on the
-parsed YAML. Each broken copy must fail the lint, so the lint demonstrably can fail.
+shapes; the key facts (tests before the preview, the CLI's preview of `labs` commented on the PR
+without reading any stack output, self-hosted runner, credentials only from `secrets.`, who may
+write) are asserted on the parsed YAML. Each broken copy must fail the lint, so the lint demonstrably can fail.
 """
 
 from __future__ import annotations
@@ -161,15 +161,55 @@ def test_preview_runs_after_the_tests_on_the_vsphere_runner(workflow: dict[str, 
     assert "github.event.pull_request.head.repo.full_name == github.repository" in preview["if"]
     steps = preview["steps"]
     venv = step_index(steps, lambda s: s.get("run", "").strip() == "make venv")
-    action = step_index(steps, lambda s: s.get("uses") == "pulumi/actions@v6" and "command" in s.get("with", {}))
-    assert venv < action
-    with_ = steps[action]["with"]
-    assert with_["command"] == "preview"
-    assert with_["stack-name"] == "labs"
-    assert with_["comment-on-pr"] is True
-    assert with_["diff"] is True
-    assert with_["cloud-url"] == "${{ vars.PULUMI_BACKEND_URL }}"
-    assert with_["github-token"] == "${{ secrets.GITHUB_TOKEN }}"
+    run = step_index(steps, lambda s: "pulumi preview --stack labs --diff" in s.get("run", ""))
+    assert venv < run
+    assert "set -o pipefail" in steps[run]["run"]  # tee must not hide a failed preview
+    comment = step_index(steps, lambda s: "components.pr_comment post --marker preview" in s.get("run", ""))
+    assert run < comment and steps[comment]["env"]["GITHUB_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
+    assert steps[comment]["env"]["HEAD_SHA"] == "${{ github.event.pull_request.head.sha }}"
+
+
+def test_the_preview_job_reads_no_stack_output(workflow: dict[str, Any]) -> None:
+    """pulumi/actions v6 runs `pulumi stack output --json --show-secrets` after any command and sets
+    every output, the admin kubeconfig among them, as a step output (src/run.ts: stack.outputs(),
+    core.setOutput): the preview job uses it to install the CLI only."""
+    steps = workflow["jobs"]["preview"]["steps"]
+    actions = [s for s in steps if str(s.get("uses", "")).startswith("pulumi/actions@")]
+    assert actions and all(set(s.get("with", {})) == {"pulumi-version"} for s in actions)
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "stack output" not in runs and "--show-secrets" not in runs
+
+
+def test_the_preview_comment_is_the_cli_output_under_its_own_marker(tmp_path: Path) -> None:
+    from components.pr_comment import COMMENT_LIMIT, MARKER, PREVIEW_MARKER, main, preview_comment, size
+
+    text = "".join(f"    ~ command:remote:Command labs-k8s-w{i:03}-node-settings update\n" for i in range(5000))
+    text += "Resources:\n    ~ 5000 to update\n"
+    comment = preview_comment(text, "https://github.com/o/r/actions/runs/1")
+    assert comment.startswith(PREVIEW_MARKER + "\n") and MARKER not in comment
+    assert size(comment) <= COMMENT_LIMIT
+    assert comment.rstrip().endswith("actions/runs/1).") and "~ 5000 to update" in comment
+    assert "earlier lines not shown" in comment
+    short = tmp_path / "preview.txt"
+    short.write_text("Resources:\n    12 unchanged\n")
+    out = tmp_path / "comment.md"
+    assert main(["preview", "--text", str(short), "--out", str(out)]) == 0
+    assert "12 unchanged" in out.read_text() and "not shown" not in out.read_text()
+
+
+def test_a_self_managed_backend_gets_its_object_store_credentials(workflow: dict[str, Any]) -> None:
+    """The CLI reads a self-managed backend's state from its object store: the job passes the
+    credentials each scheme's driver reads (gocloud.dev s3blob, azureblob; gcsblob uses the
+    runner's Application Default Credentials), from secrets."""
+    env = workflow["jobs"]["preview"]["env"]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_KEY"):
+        assert SECRET_REF.match(env[name]), name
+    assert env["AWS_REGION"] == "${{ vars.AWS_REGION }}"
+    header = WORKFLOW.read_text().split("\nname:", 1)[0]
+    for needle in ("s3://", "azblob://", "gs://", "GOOGLE_APPLICATION_CREDENTIALS", "AWS_REGION"):
+        assert needle in header, needle
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    assert "AWS_ACCESS_KEY_ID" in runbook and "AZURE_STORAGE_KEY" in runbook
 
 
 def test_pulumi_cli_matches_the_pinned_sdk(workflow: dict[str, Any]) -> None:
@@ -285,3 +325,48 @@ def test_the_comment_is_posted_by_trusted_code_only(render_diff: dict[str, Any],
     for step in steps:
         # Only the standard library's python3: nothing the pull request pinned is installed here.
         assert "make" not in step.get("run", "").split() and "pip" not in step.get("run", "")
+
+
+# --------------------------------------------------------------------------- what the docs say of the state
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(heading, 1)[1].split("\n#", 1)[0]
+
+
+def test_the_default_providers_update_line_is_explained() -> None:
+    """A person's `up` (Pulumi.labs.yaml with the README's step-5 `vsphere:*` login) and the
+    preview job (the same file, the login in `VSPHERE_*`) give the default providers different
+    inputs (components.offline.default_provider_inputs, after the engine's GetPackageConfig):
+    docs/pull-requests.md names each key that differs, for both providers."""
+    from components.offline import default_provider_inputs, stack_config
+
+    ci, ci_secrets = stack_config("labs")
+    for key in ("vsphere:vsphereServer", "vsphere:user", "vsphere:password"):
+        ci.pop(key, None)  # not in the committed file: the job passes VSPHERE_*
+    person = {**ci, "vsphere:vsphereServer": "vcenter.example.com", "vsphere:user": "labs-k8s@vsphere.local",
+              "vsphere:password": "hunter2"}
+    up = default_provider_inputs(person, {*ci_secrets, "vsphere:password"})
+    preview = default_provider_inputs(ci, set(ci_secrets))
+    section = _section((REPO / "docs" / "pull-requests.md").read_text(), "### The default providers' `update` lines")
+    for provider in ("vsphere", "pulumi-python"):
+        differ = {k for k in up[provider].keys() | preview[provider].keys()
+                  if up[provider].get(k) != preview[provider].get(k)}
+        assert differ, provider
+        assert f"`pulumi:providers:{provider}`" in section
+        for key in differ:
+            assert f"`{key.rsplit(':', 1)[-1]}`" in section, (provider, key)
+    assert "VSPHERE_*" in section and "GetPackageConfig" in section
+
+
+def test_the_secrets_section_says_the_state_keeps_every_stack_secret() -> None:
+    """The dynamic providers' default provider records every config key, secrets included: the
+    README's secrets section says so, naming each secret a stack file holds."""
+    from components.offline import REQUIRED_SECRETS, default_provider_inputs
+
+    recorded = default_provider_inputs({key: "x" for key in REQUIRED_SECRETS}, set(REQUIRED_SECRETS))["pulumi-python"]
+    assert set(recorded) == set(REQUIRED_SECRETS) and all(v == {"secret": "x"} for v in recorded.values())
+    section = _section((REPO / "README.md").read_text(), "### Secrets and settings: what is committed")
+    assert "pulumi:providers:pulumi-python" in section
+    for key in REQUIRED_SECRETS:
+        assert f"`{key}`" in section, key

@@ -6,22 +6,20 @@ own vcsim (about 0.2 s) on a port the kernel picks, so tests never share state
 and never collide on ports; teardown stops it and vcsim removes its temporary
 datastore directories.
 
-The binary comes from tests/tools/build_vcsim.sh (Debian packages only). As
-root the fixture runs that script, which is a no-op when the binary is cached;
-otherwise a missing binary skips the test on a laptop and fails it in CI.
+The binary comes from tests/tools/build_vcsim.sh: a small main of ours
+(tests/tools/vcsim/main.go) over govmomi's simulator library at the version
+tests/tools/go.mod pins, built from the Go module proxy. As root the fixture
+runs that script, which is a no-op when the binary is cached; otherwise a
+missing binary skips the test on a laptop and fails it in CI.
 
-What vcsim 0.24 (Debian bookworm) does not simulate, so tests must not rely
-on it:
-- CloneVM_Task ignores ``powerOn``, ``customization`` and ``location.host``;
+What this simulator does not do, so tests must not rely on it:
 - DRS rules are stored but never enforced (no placement, no vMotion);
-- guest ids newer than debian10_64Guest are rejected;
-- ReconfigureComputeResource_Task ignores drsConfig.enabled unless the binary
-  carries build_vcsim.sh's backport (check with ``drs_toggle_works``);
 - the /folder datastore HTTP interface does not check the session cookie;
 - guest IPs only change through extraConfig ``SET.guest.ipAddress``;
-- the password is fixed at start, unless the binary carries build_vcsim.sh's
-  rotatable-password hook: then ``Vcsim.rotate_password`` changes it while the
-  inventory lives on.
+- no guest runs: a powered-on VM stays on until someone powers it off.
+The password is read from ``LABS_K8S_VCSIM_PASSWORD_FILE`` at every login
+(main.go, over the simulator's SessionManager.ValidLogin hook), so
+``Vcsim.rotate_password`` changes it while the inventory lives on.
 """
 
 from __future__ import annotations
@@ -99,9 +97,8 @@ class Vcsim:
     def rotate_password(self, new_password: str) -> Vcsim:
         """Change the password vcsim accepts from now on; returns the updated handle.
 
-        Needs build_vcsim.sh's rotatable-password hook (LABS_K8S_VCSIM_PASSWORD_FILE); whether
-        the running binary has it is for the caller to check (a login with the old password
-        must then fail).
+        Every login reads LABS_K8S_VCSIM_PASSWORD_FILE (tests/tools/vcsim/main.go): a login with
+        the old password fails from now on, sessions already open stay valid.
         """
         assert self.password_file is not None, "started without a password file"
         self.password_file.write_text(new_password + "\n")
@@ -183,10 +180,12 @@ def vcsim_factory(
     binary = vcsim_binary()
     running: list[tuple[subprocess.Popen[str], tempfile._TemporaryFileWrapper[bytes]]] = []
 
-    def start(*, tls: tuple[Path, Path] | None = None, **fields: int) -> Vcsim:
-        """``tls=(cert, key)`` serves that certificate instead of vcsim's built-in one."""
+    def start(*, tls: tuple[Path, Path] | None = None, netns: str | None = None, **fields: int) -> Vcsim:
+        """``tls=(cert, key)`` serves that certificate instead of vcsim's built-in one; ``netns``
+        runs it on the loopback of that network namespace (the real-engine tests' sandbox)."""
         topology = Topology(**fields)
         cmd = [
+            *(["ip", "netns", "exec", netns] if netns else []),
             binary, "-l", "127.0.0.1:0",
             "-username", USER, "-password", PASSWORD,
             *topology.flags(),
@@ -212,7 +211,8 @@ def vcsim_factory(
         if match is None:
             raise RuntimeError(f"cannot parse vcsim URL {url!r}")
         host, port = match.group(1), int(match.group(2))
-        _wait_port(host, port, START_TIMEOUT_S)
+        if netns is None:  # inside a namespace it listens before it prints the URL (NewServer)
+            _wait_port(host, port, START_TIMEOUT_S)
         return Vcsim(
             host=host, port=port, user=USER, password=PASSWORD, pid=proc.pid, topology=topology,
             password_file=password_file,

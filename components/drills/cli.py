@@ -30,7 +30,7 @@ def _dry_run(scenario: str, stack: str, node: str | None) -> int:
     from components.config import LabConfigError
     from components.drills.engine import Limits
     from components.drills.inputs import NodeInfo
-    from components.drills.scenarios import plan_text
+    from components.drills.scenarios import SCENARIOS, plan_text
     from components.offline import lab_config_from_stack
 
     try:
@@ -41,6 +41,10 @@ def _dry_run(scenario: str, stack: str, node: str | None) -> int:
     nodes = [NodeInfo(n.name, n.role.value, str(n.ip)) for n in lab.all_nodes]
     if node and node not in {n.name for n in nodes}:
         print(f"--node {node}: no such node in stack {stack!r}", file=sys.stderr)
+        return 2
+    # Refused as the live run would be: a plan of "0 nginx pods" for a lab without workers misleads.
+    if refused := SCENARIOS[scenario].layout_problems(nodes, node):
+        print(f"DRY RUN: the {scenario} drill would refuse stack {stack!r}: " + "; ".join(refused), file=sys.stderr)
         return 2
     print(plan_text(scenario, stack, nodes, str(lab.load_balancer.vip), node, Limits()))
     return 0

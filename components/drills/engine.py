@@ -15,12 +15,12 @@ import dataclasses
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from components.drills.cluster import Cluster, ClusterError, EtcdStatus
-from components.drills.inputs import DrillInputs
+from components.drills.inputs import DrillInputs, NodeInfo
 from components.drills.vcenter import VCenterMachines
 from components.vsphere import VSphereError
 
@@ -403,8 +403,13 @@ class Drill:
         problems += self.scenario_problems()
         return problems
 
-    def scenario_problems(self) -> list[str]:
+    @classmethod
+    def layout_problems(cls, nodes: Sequence[NodeInfo], target: str | None) -> list[str]:
+        """What the lab's node list alone rules out: the live run refuses it, and so does --dry-run."""
         return []
+
+    def scenario_problems(self) -> list[str]:
+        return self.layout_problems(self.inputs.nodes, self.target)
 
     def execute(self) -> None:
         raise NotImplementedError

@@ -32,13 +32,14 @@ class ControlPlaneDrill(Drill):
     scenario = "control-plane"
     summary = "power off a control plane; API and etcd quorum survive; it rejoins"
 
-    def scenario_problems(self) -> list[str]:
-        cps = self.inputs.of_role("control-plane")
+    @classmethod
+    def layout_problems(cls, nodes: Sequence[NodeInfo], target: str | None) -> list[str]:
+        cps = [n for n in nodes if n.role == "control-plane"]
         problems = []
         if len(cps) < 3:
             problems.append(f"{len(cps)} control plane(s): etcd keeps quorum after losing one only with 3 or more")
-        if self.target and self.target not in {n.name for n in cps}:
-            problems.append(f"--node {self.target} is not a control plane ({_names(cps)})")
+        if target and target not in {n.name for n in cps}:
+            problems.append(f"--node {target} is not a control plane ({_names(cps)})")
         return problems
 
     def _leader(self) -> str | None:
@@ -123,10 +124,15 @@ class BalancerDrill(Drill):
     def _balancers(self) -> list[str]:
         return [n.name for n in self.inputs.of_role("balancer")]
 
+    @classmethod
+    def layout_problems(cls, nodes: Sequence[NodeInfo], target: str | None) -> list[str]:
+        balancers = [n for n in nodes if n.role == "balancer"]
+        return [f"{len(balancers)} balancer(s): the VIP has nowhere to move"] if len(balancers) < 2 else []
+
     def scenario_problems(self) -> list[str]:
         balancers = self._balancers()
-        if len(balancers) < 2:
-            return [f"{len(balancers)} balancer(s): the VIP has nowhere to move"]
+        if problems := self.layout_problems(self.inputs.nodes, self.target):
+            return problems
         holders = self.machines.vip_holders(balancers, self.inputs.vip)
         if len(holders) != 1:
             return [f"{len(holders)} balancers report the VIP {self.inputs.vip} ({', '.join(holders) or 'none'}); "
@@ -207,13 +213,14 @@ class _WorkloadDrill(Drill):
     def _workers(self) -> list[str]:
         return [n.name for n in self.inputs.of_role("worker")]
 
-    def scenario_problems(self) -> list[str]:
-        workers = self._workers()
+    @classmethod
+    def layout_problems(cls, nodes: Sequence[NodeInfo], target: str | None) -> list[str]:
+        workers = [n.name for n in nodes if n.role == "worker"]
         problems = []
         if len(workers) < 2:
             problems.append(f"{len(workers)} worker(s): the test pods have nowhere else to go")
-        if self.target and self.target not in workers:
-            problems.append(f"--node {self.target} is not a worker ({', '.join(workers)})")
+        if target and target not in workers:
+            problems.append(f"--node {target} is not a worker ({', '.join(workers)})")
         return problems
 
     def _replicas(self) -> int:

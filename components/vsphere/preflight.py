@@ -21,6 +21,7 @@ from components.vsphere.inventory import (
     vm_stack,
 )
 from components.vsphere.session import GiB, collect_properties
+from components.vsphere.subnet import check_node_subnet
 from components.vsphere.template import DEBIAN12_GUEST_ID, GUEST_ID_FALLBACKS, choose_guest_id
 
 MiB = 1024**2
@@ -68,6 +69,7 @@ class PreflightSpec:
     anti_affinity_rules: tuple[AntiAffinityRule, ...] = ()
     drs_required: bool = True  # False: DRS off is a warning instead of an error
     free_space_margin: float = 0.15  # on top of disks + swap: snapshots, logs, growth
+    node_cidr: str = ""  # labs-k8s:network.cidr: warn when the port group's VMs report none inside (subnet.py)
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,8 @@ def _check_datastore(
             f"datastore {datastore.name!r} has {summary.freeSpace / GiB:.1f} GiB free, but the stack needs "
             f"{required / GiB:.1f} GiB more ({disks / GiB:.0f} GiB of eager-zeroed disks, which are fully "
             f"allocated at clone time, + {swap / GiB:.1f} GiB of VM swap files + "
-            f"{spec.free_space_margin:.0%} margin{existing}). Free space, pick a bigger datastore, or shrink the disks",
+            f"{spec.free_space_margin:.0%} margin{existing}). Free space, pick a bigger datastore "
+            "(labs-k8s:vsphere.datastore), or shrink the disks",
         )
     mounted = [props["name"] for _, props in hosts if datastore in (props.get("datastore") or [])]
     unmounted = sorted(props["name"] for _, props in hosts if props["name"] not in mounted)
@@ -325,13 +328,15 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
         _check_collisions(report, spec, si)
         return report
     own = _check_collisions(report, spec, si)
+    if spec.node_cidr and (subnet := check_node_subnet(si, spec.network, spec.node_cidr)):
+        report.warn("network", subnet)
     cluster = _lookup(
         report, "cluster", "Fix the cluster name in the stack configuration.", find_cluster, si, dc, spec.cluster
     )
     datastore = _lookup(
         report,
         "datastore",
-        "Fix the datastore name in the stack configuration.",
+        "Fix labs-k8s:vsphere.datastore in the stack configuration.",
         find_datastore,
         si,
         dc,

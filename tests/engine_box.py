@@ -1,0 +1,103 @@
+"""What the real-engine tests' network namespace holds besides the CLI (tests/pulumi_engine.py).
+
+Started inside the namespace (`ip netns exec NS python -m tests.engine_box ...`), it runs:
+- vcsim (tests/tools/build_vcsim.sh's binary) on the namespace's loopback, with the seed's
+  inventory (one DRS cluster of three hosts, a shared datastore, the port group) and the lab's VM
+  folder, its password read from a file at every login (so a test can rotate it);
+- an HTTP server on the namespace's loopback for the stand-in netinst ISO
+  (labs-k8s:template.isoUrl points at it);
+- the installer's last step: vcsim runs no guest, so a running builder VM is powered off once
+  seen, as the Debian installer does after late_command (tests/test_template_provider.py does the
+  same in-process).
+It prints one line `BOX {"vcsim": "host:port", "iso_url": ...}` once all three are up, and
+stops them on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pyVmomi import vim, vmodl
+
+from components import vsphere as vs
+
+
+def start_vcsim(binary: str, user: str, password_file: Path) -> tuple[subprocess.Popen[str], str, int]:
+    password = password_file.read_text().strip()
+    proc = subprocess.Popen(
+        [binary, "-l", "127.0.0.1:0", "-username", user, "-password", password,
+         "-dc", "1", "-cluster", "1", "-host", "3", "-vm", "0", "-ds", "1", "-pg", "1"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={"LABS_K8S_VCSIM_PASSWORD_FILE": str(password_file), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        match = re.search(r"GOVC_URL=\S+@([^:/]+):(\d+)/", line)
+        if match:
+            return proc, match.group(1), int(match.group(2))
+    raise SystemExit(f"vcsim exited ({proc.wait()}) before printing its URL")
+
+
+def play_installer(host: str, port: int, user: str, password_file: Path, stop: threading.Event) -> None:
+    """Power off every running VM that is not a template: only builders run here."""
+    si = None
+    while not stop.wait(0.3):
+        try:
+            if si is None:
+                si = vs.connect(host, user, password_file.read_text().strip(), port=port, insecure=True)
+            for machine, _ in vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, ["name"]):
+                try:
+                    if not machine.config.template and vs.power_state(machine) == "poweredOn":
+                        time.sleep(0.3)
+                        vs.power_off(machine)
+                except vmodl.fault.ManagedObjectNotFound:
+                    continue
+        except (vs.VSphereError, vim.fault.NotAuthenticated, OSError):
+            si = None  # a rotated password, or vcsim restarting: log in again
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--vcsim", required=True)
+    parser.add_argument("--user", required=True)
+    parser.add_argument("--password-file", type=Path, required=True)
+    parser.add_argument("--iso-dir", type=Path, required=True)
+    parser.add_argument("--folder", required=True)
+    args = parser.parse_args(argv)
+
+    vcsim, host, port = start_vcsim(args.vcsim, args.user, args.password_file)
+    si = vs.connect(host, args.user, args.password_file.read_text().strip(), port=port, insecure=True)
+    vs.find_datacenter(si, "DC0").vmFolder.CreateFolder(args.folder)
+    vs.disconnect(si)
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(args.iso_dir))
+    handler.log_message = lambda *_: None  # type: ignore[method-assign]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    stop = threading.Event()
+    threading.Thread(target=play_installer, args=(host, port, args.user, args.password_file, stop),
+                     daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print("BOX " + json.dumps({"vcsim": f"{host}:{port}", "iso_url": f"http://127.0.0.1:{server.server_address[1]}"}),
+          flush=True)
+    stop.wait()
+    server.shutdown()
+    vcsim.terminate()
+    vcsim.wait(timeout=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The real Pulumi CLI, in a network namespace of its own, on a user's copy of this checkout.
+
+`toolchain_bin()` builds (or finds cached) what tests/tools/build_toolchain.sh builds from Go
+modules. `EngineLab` is one user's machine as the README sets it up:
+- a copy of the checkout's tracked files (the workspace) with the project's `.venv`;
+- a private PULUMI_HOME and HOME, a `file://` backend logged into with `pulumi login`, passphrase
+  secrets, and a stack made the README's way (`cp Pulumi.labs.yaml Pulumi.$STACK.yaml`,
+  `pulumi stack init`, `pulumi config set`);
+- a network namespace with only a loopback, holding vcsim, the ISO server and the installer's
+  power-off (tests/engine_box.py): every CLI, provider and program process runs inside it, so the
+  run is offline by construction, and the CLI is also told never to fetch anything
+  (PULUMI_SKIP_UPDATE_CHECK, PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION,
+  PULUMI_DISABLE_REGISTRY_RESOLVE).
+Every command's output is appended to `artifacts/NN-name.log` under the lab's directory, and
+`EngineLab.transcript()` is added to failure messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.offline import REPO_ROOT
+from tests.requirements import unavailable
+
+BUILD_SCRIPT = REPO_ROOT / "tests" / "tools" / "build_toolchain.sh"
+MANIFEST = REPO_ROOT / "tests" / "tools" / "toolchain" / "manifest.json"
+PASSPHRASE = "labs-k8s engine test passphrase"  # a test stack's, not a secret of anything real
+_built: list[Path] = []
+
+
+def manifest() -> dict[str, Any]:
+    return json.loads(MANIFEST.read_text())
+
+
+def toolchain_bin() -> Path:
+    """The directory holding the built `pulumi` and its bundled plugin scripts."""
+    if _built:
+        return _built[0]
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3000, check=False)
+    if proc.returncode != 0:
+        unavailable(f"tests/tools/build_toolchain.sh failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    _built.append(Path(proc.stdout.strip().splitlines()[-1]))
+    return _built[0]
+
+
+def workspace_copy(destination: Path) -> Path:
+    """The checkout's tracked files, as a user's clone has them, plus the project's virtualenv."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        source = REPO_ROOT / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    (destination / ".venv").symlink_to(REPO_ROOT / ".venv")
+    return destination
+
+
+@dataclass
+class Result:
+    name: str
+    returncode: int
+    output: str  # stdout, then stderr
+    log: Path
+    stdout: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def engine_result(self) -> dict[str, Any]:
+        """The driver's closing `ENGINE-RESULT` line (tests/engine_driver.py)."""
+        for line in reversed(self.output.splitlines()):
+            if line.startswith("ENGINE-RESULT "):
+                return json.loads(line.removeprefix("ENGINE-RESULT "))
+        raise AssertionError(f"{self.name}: no ENGINE-RESULT line\n{self.output[-4000:]}")
+
+
+@dataclass
+class EngineLab:
+    root: Path
+    netns: str
+    bin_dir: Path
+    stack: str = "mysite"
+    results: list[Result] = field(default_factory=list)
+    box: subprocess.Popen[str] | None = None
+    vcsim: str = ""
+    iso_url: str = ""
+    password_file: Path | None = None
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        home = self.root / "home"
+        venv_bin = self.workspace / ".venv" / "bin"
+        env = {
+            "PATH": f"{self.bin_dir}:{venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(home),
+            "PULUMI_HOME": str(home / ".pulumi"),
+            "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
+            "PULUMI_SKIP_UPDATE_CHECK": "true",
+            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+            "PULUMI_DISABLE_REGISTRY_RESOLVE": "true",
+            "PULUMI_SKIP_CONFIRMATIONS": "true",
+            "LABS_K8S_CACHE": str(self.root / "labs-k8s-cache"),
+            "LANG": "C.UTF-8",
+            **extra,
+        }
+        if "CI" in os.environ:
+            env["CI"] = os.environ["CI"]
+        return env
+
+    def run(self, name: str, *cmd: str, stdin: str | None = None, timeout: float = 600,
+            env: dict[str, str] | None = None) -> Result:
+        """`cmd` inside the namespace, from the workspace; output kept as an artifact."""
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        log = self.artifacts / f"{len(self.results):02d}-{name}.log"
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(["ip", "netns", "exec", self.netns, *cmd], cwd=self.workspace,
+                                  env=env or self.env(), input=stdin, capture_output=True, text=True,
+                                  timeout=timeout, check=False)
+            returncode, stdout, output = proc.returncode, proc.stdout, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as expired:
+            returncode, stdout = -1, ""
+            output = f"{expired.stdout or ''}{expired.stderr or ''}\nTIMED OUT after {timeout:g}s"
+        log.write_text(f"$ {' '.join(cmd)}\n{output}\n[exit {returncode}, {time.monotonic() - started:.1f}s]\n")
+        result = Result(name, returncode, output, log, stdout)
+        self.results.append(result)
+        return result
+
+    def pulumi(self, *args: str, stdin: str | None = None, check: bool = True) -> Result:
+        result = self.run("pulumi-" + (args[0] if args else ""), "pulumi", *args, stdin=stdin)
+        if check:
+            assert result.ok, f"pulumi {' '.join(args)} failed:\n{result.output[-4000:]}"
+        return result
+
+    def engine(self, op: str, *targets: str, program: str = "main", expect_no_changes: bool = False,
+               refresh: bool = False, timeout: float = 900) -> Result:
+        """`preview`/`up` of the workspace's program on the real CLI (tests/engine_driver.py)."""
+        args = ["python", "-m", "tests.engine_driver", "--stack", self.stack, "--pulumi-root", str(self.bin_dir.parent),
+                "--op", op, "--program", program, *[f"--target={t}" for t in targets]]
+        if expect_no_changes:
+            args.append("--expect-no-changes")
+        if refresh:
+            args.append("--refresh")
+        return self.run(f"engine-{op}", *args, timeout=timeout)
+
+    def make(self, *targets: str, timeout: float = 900) -> Result:
+        return self.run("make-" + "-".join(targets), "make", *targets, timeout=timeout,
+                        env=self.env(STACK=self.stack))
+
+    def stack_export(self) -> dict[str, Any]:
+        return json.loads(self.pulumi("stack", "export", "--stack", self.stack).stdout)
+
+    def transcript(self, last: int = 3) -> str:
+        return "\n".join(f"--- {r.log.name}\n{r.output[-3000:]}" for r in self.results[-last:])
+
+
+_namespaces: list[str] = []
+
+
+def start_lab(root: Path, vcsim_binary: str, iso_dir: Path, stack: str = "mysite") -> EngineLab:
+    """The namespace, the workspace and the box (tests/engine_box.py); stop it with `stop_lab`."""
+    bin_dir = toolchain_bin()
+    netns = f"lk8s-engine-{os.getpid()}-{len(_namespaces)}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    _namespaces.append(netns)
+    subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
+    workspace_copy(root / "workspace")
+    (root / "home").mkdir()
+    (root / "backend").mkdir()
+    lab = EngineLab(root=root, netns=netns, bin_dir=bin_dir, stack=stack)
+    lab.password_file = root / "vcenter-password"
+    lab.password_file.write_text("labs-secret\n")
+    lab.box = subprocess.Popen(
+        ["ip", "netns", "exec", netns, str(lab.workspace / ".venv" / "bin" / "python"), "-m", "tests.engine_box",
+         "--vcsim", vcsim_binary, "--user", "labs", "--password-file", str(lab.password_file),
+         "--iso-dir", str(iso_dir), "--folder", "labs-k8s"],
+        cwd=lab.workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(root / "box.log", "w"),  # noqa: SIM115
+        text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(root / "home")},
+    )  # fmt: skip
+    assert lab.box.stdout is not None
+    line = lab.box.stdout.readline()
+    if not line.startswith("BOX "):
+        stop_lab(lab)
+        raise AssertionError(f"the engine box did not start: {(root / 'box.log').read_text()[-3000:]}")
+    box = json.loads(line.removeprefix("BOX "))
+    lab.vcsim, lab.iso_url = box["vcsim"], box["iso_url"]
+    return lab
+
+
+def stop_lab(lab: EngineLab) -> None:
+    if lab.box is not None and lab.box.poll() is None:
+        lab.box.terminate()
+        try:
+            lab.box.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            lab.box.kill()
+    pids = subprocess.run(["ip", "netns", "pids", lab.netns], capture_output=True, text=True, check=False)
+    for pid in pids.stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), 9)
+    subprocess.run(["ip", "netns", "del", lab.netns], check=False)
+
+
+def readme_setup(lab: EngineLab, iso_sha256: str, iso_name: str) -> None:
+    """README "Your first lab" steps 2, 3 and 5 as written, for a self-managed `file://` backend, then
+    the site's settings (step 4) for vcsim's inventory and the loopback ISO server."""
+    lab.pulumi("login", f"file://{lab.root / 'backend'}")
+    shutil.copy2(lab.workspace / "Pulumi.labs.yaml", lab.workspace / f"Pulumi.{lab.stack}.yaml")
+    lab.pulumi("stack", "init", lab.stack)
+    stack = ["--stack", lab.stack]
+    lab.pulumi("config", "set", *stack, "vsphere:vsphereServer", lab.vcsim)
+    lab.pulumi("config", "set", *stack, "vsphere:user", "labs")
+    assert lab.password_file is not None
+    lab.pulumi("config", "set", *stack, "--secret", "vsphere:password", stdin=lab.password_file.read_text())
+    key = lab.root / "home" / ".ssh" / "labs-k8s"
+    key.parent.mkdir(mode=0o700)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "labs-k8s", "-f", str(key)], check=True)
+    lab.pulumi("config", "set", *stack, "--secret", "labs-k8s:sshPrivateKey", stdin=key.read_text())
+    lab.pulumi("config", "set", *stack, "--path", "labs-k8s:ssh.publicKey", key.with_suffix(".pub").read_text().strip())
+    # vcsim's certificate is self-signed and made at each start: the documented alternative to
+    # trusting a CA (docs/runbook.md, "Trusting the vCenter certificate").
+    lab.pulumi("config", "set", *stack, "vsphere:allowUnverifiedSsl", "true")
+    site = {"vsphere.datacenter": "DC0", "vsphere.computeCluster": "DC0_C0", "vsphere.datastore": "LocalDS_0",
+            "vsphere.network": "VM Network", "vsphere.folder": "labs-k8s",
+            "template.isoUrl": f"{lab.iso_url}/{iso_name}", "template.isoSha256": iso_sha256}
+    for key_path, value in site.items():
+        lab.pulumi("config", "set", *stack, "--path", f"labs-k8s:{key_path}", value)

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Build the Pulumi toolchain the real-engine tests run, from Go modules only (never a release
+# download), and print the directory holding it on stdout (progress goes to stderr).
+#
+# What and why: tests/tools/toolchain/manifest.json, one entry a binary. Every entry's status is
+# printed on each run (exact, substitute and why, or refused and what runs instead), and each
+# refused module is asked for again, so the day the Go module proxy serves it the output says so.
+#
+# Idempotent: the outputs are cached under $REPO/.cache/toolchain/<key>/bin, where the key is a
+# digest of the manifest, the wrapper module (go.mod, go.sum, tools.go) and the Go version; a warm
+# run rebuilds nothing. The Go build cache (go env GOCACHE) is the machine's, as for any Go build.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+TOOLS="$REPO/tests/tools"
+WRAPPER="$TOOLS/toolchain/pulumi"
+MANIFEST="$TOOLS/toolchain/manifest.json"
+# shellcheck source=go_env.sh source-path=SCRIPTDIR
+source "$TOOLS/go_env.sh"
+
+log() { printf 'build_toolchain: %s\n' "$*" >&2; }
+
+go=$(go_binary)
+key=$(go_inputs_digest "$go" "$MANIFEST" "$WRAPPER/go.mod" "$WRAPPER/go.sum" "$WRAPPER/tools.go")
+OUT="$REPO/.cache/toolchain/$key"
+BIN="$OUT/bin"
+
+# manifest NAME FIELD: one field of one manifest entry ("" when absent).
+manifest() {
+    jq -r --arg name "$1" --arg field "$2" \
+        '.binaries[] | select(.name == $name) | .[$field] // ""' "$MANIFEST"
+}
+
+report() {
+    local name status
+    while read -r name; do
+        status=$(manifest "$name" status)
+        case $status in
+            exact) log "$name: $(manifest "$name" module)@$(manifest "$name" version) (exact)" ;;
+            substitute) log "$name: $(manifest "$name" module)@$(manifest "$name" version)" \
+                "(substitute for $(manifest "$name" wanted): $(manifest "$name" why))" ;;
+            refused)
+                log "$name: not built: $(manifest "$name" module) $(manifest "$name" why)" \
+                    "Instead: $(manifest "$name" instead)"
+                # Ask again: the version list answers 200 once any version is served.
+                if (cd "$WRAPPER" && GOFLAGS=-mod=mod "$go" list -m -versions "$(manifest "$name" module)" \
+                    >/dev/null 2>&1); then
+                    log "$name: the proxy now serves $(manifest "$name" module): build it and update the manifest"
+                fi
+                ;;
+            *) log "$name: unknown status '$status' in $MANIFEST"; return 1 ;;
+        esac
+    done < <(jq -r '.binaries[].name' "$MANIFEST")
+}
+
+command -v jq >/dev/null || { log "jq is needed (scripts/install-test-deps.sh installs it)"; exit 1; }
+report
+
+if [[ -x "$BIN/pulumi" && -f "$OUT/.complete" ]]; then
+    printf '%s\n' "$BIN"
+    exit 0
+fi
+
+start_s=$SECONDS
+version=$(manifest pulumi version)
+module_version=$(cd "$WRAPPER" && "$go" list -m -f '{{.Version}}' github.com/pulumi/pulumi/pkg/v3)
+sdk_version=$(cd "$WRAPPER" && "$go" list -m -f '{{.Version}}' github.com/pulumi/pulumi/sdk/v3)
+if [[ $module_version != "$version" || $sdk_version != "$version" ]]; then
+    log "the wrapper pins pkg/v3 $module_version and sdk/v3 $sdk_version, the manifest says $version"
+    exit 1
+fi
+rm -rf "$OUT"
+mkdir -p "$BIN"
+log "building the Pulumi CLI $version with $("$go" env GOVERSION) (cold: about 10 minutes on 2 cores)"
+(cd "$WRAPPER" && CGO_ENABLED=0 GOFLAGS=-mod=readonly "$go" build -trimpath -tags osusergo,grpcnotrace \
+    -ldflags "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$version" \
+    -o "$BIN/pulumi" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi)
+
+# The scripts that ship inside the sdk/v3 module, next to the CLI (where it looks for bundled plugins).
+sdk_dir=$(cd "$WRAPPER" && "$go" list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3)
+for name in pulumi-language-python-exec pulumi-resource-pulumi-python; do
+    install -m 0755 "$sdk_dir/$(manifest "$name" file)" "$BIN/$name"
+done
+
+reported=$("$BIN/pulumi" version)
+if [[ $reported != "$version" ]]; then
+    log "the built CLI reports version '$reported', not $version"
+    exit 1
+fi
+touch "$OUT/.complete"
+log "built $BIN in $((SECONDS - start_s))s"
+printf '%s\n' "$BIN"

@@ -1,0 +1,135 @@
+// Command vcsim runs govmomi's vCenter simulator for the labs-k8s tests.
+//
+// Why our own main: since govmomi v0.47 the upstream vcsim command is a module of its own
+// (github.com/vmware/govmomi/vcsim) that the Go module proxy does not serve, while the
+// simulator library it wraps (github.com/vmware/govmomi/simulator) is served at the pinned
+// version. This main keeps the flag names the tests pass (a subset of upstream vcsim's) and
+// adds one thing upstream has no flag for:
+//
+//   - LABS_K8S_VCSIM_PASSWORD_FILE: every login is checked against that file's current
+//     content, so a test can rotate the vCenter password while the inventory lives on.
+//     It uses the simulator's own hook, SessionManager.ValidLogin (simulator/session_manager.go
+//     Authenticate), not a patch. Sessions already logged in stay valid, as on a real vCenter.
+//
+// DRS settings (drsConfig.enabled, defaultVmBehavior) are applied by this simulator version
+// itself (simulator/cluster_compute_resource.go updateDrsConfig), which the older Debian
+// build needed a backport for.
+//
+// On start it prints `export GOVC_URL=https://USER:PASS@HOST:PORT/sdk GOVC_SIM_PID=PID`, as
+// upstream vcsim does; SIGINT/SIGTERM stop it and remove its temporary datastore directories.
+package main
+
+import (
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"log"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/vmware/govmomi/simulator"
+	"github.com/vmware/govmomi/vim25/mo"
+	"github.com/vmware/govmomi/vim25/types"
+
+	// Register the vAPI endpoints (tags, content library), as upstream vcsim does.
+	_ "github.com/vmware/govmomi/vapi/simulator"
+)
+
+func main() {
+	model := simulator.VPX()
+	listen := flag.String("l", "127.0.0.1:8989", "listen address (port 0: the kernel picks one)")
+	username := flag.String("username", "user", "login user name")
+	password := flag.String("password", "pass", "login password (see LABS_K8S_VCSIM_PASSWORD_FILE)")
+	tlsCert := flag.String("tlscert", "", "PEM certificate to serve (default: a built-in self-signed one)")
+	tlsKey := flag.String("tlskey", "", "PEM private key of -tlscert")
+	flag.IntVar(&model.Datacenter, "dc", model.Datacenter, "number of datacenters")
+	flag.IntVar(&model.Cluster, "cluster", model.Cluster, "number of clusters per datacenter")
+	flag.IntVar(&model.ClusterHost, "host", model.ClusterHost, "number of hosts per cluster")
+	flag.IntVar(&model.Host, "standalone-host", model.Host, "number of standalone hosts per datacenter")
+	flag.IntVar(&model.Machine, "vm", model.Machine, "number of virtual machines per resource pool")
+	flag.IntVar(&model.Datastore, "ds", model.Datastore, "number of local datastores")
+	flag.IntVar(&model.Portgroup, "pg", model.Portgroup, "number of distributed port groups")
+	flag.Parse()
+
+	// Answer as vCenter 8.0 U3, what sites run: the simulator's default About (6.5) makes
+	// /sdk/vimServiceVersions.xml advertise API 6.5, and pyVmomi 9 then speaks vim.version.version11,
+	// in which it cannot read a VM's `runtime` or `summary` (AttributeError) at all.
+	model.ServiceContent.About.Version = "8.0.3"
+	model.ServiceContent.About.ApiVersion = "8.0.3.0"
+	model.ServiceContent.About.FullName = "VMware vCenter Server 8.0.3 (govmomi simulator)"
+
+	if err := model.Create(); err != nil {
+		log.Fatalf("vcsim: creating the inventory: %v", err)
+	}
+	defer model.Remove()
+	registry := model.Map()
+	for _, vm := range registry.All("VirtualMachine") {
+		setRuntimeEnums(vm)
+	}
+	registry.AddHandler(runtimeEnumDefaults{})
+
+	model.Service.RegisterEndpoints = true
+	model.Service.Listen = &url.URL{Host: *listen, User: url.UserPassword(*username, *password)}
+	model.Service.TLS = new(tls.Config)
+	if *tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			log.Fatalf("vcsim: -tlscert/-tlskey: %v", err)
+		}
+		model.Service.TLS.Certificates = []tls.Certificate{cert}
+	}
+	if name := os.Getenv("LABS_K8S_VCSIM_PASSWORD_FILE"); name != "" {
+		model.Map().SessionManager().ValidLogin = func(req *types.Login) bool {
+			data, err := os.ReadFile(name)
+			if err != nil {
+				return false
+			}
+			return req.UserName == *username && req.Password == strings.TrimRight(string(data), "\n")
+		}
+	}
+
+	server := model.Service.NewServer()
+	defer server.Close()
+	fmt.Printf("export GOVC_URL=%s GOVC_SIM_PID=%d\n", server.URL, os.Getpid())
+
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGINT, syscall.SIGTERM)
+	<-stop
+}
+
+// runtimeEnumDefaults gives every VM the runtime.faultToleranceState and recordReplayState a
+// vCenter reports for a VM without Fault Tolerance or record/replay: "notConfigured", "inactive".
+// The simulator leaves both empty, and both fields are required (no omitempty in vim25/types), so
+// it sends empty enums that pyVmomi 9 cannot parse: reading vm.runtime or vm.summary then fails
+// with AttributeError.
+type runtimeEnumDefaults struct{}
+
+func (runtimeEnumDefaults) Reference() types.ManagedObjectReference {
+	return types.ManagedObjectReference{Type: "LabsK8sTestHook", Value: "runtime-enum-defaults"}
+}
+
+func (runtimeEnumDefaults) PutObject(_ *simulator.Context, obj mo.Reference) {
+	setRuntimeEnums(obj)
+}
+
+func (runtimeEnumDefaults) UpdateObject(*simulator.Context, mo.Reference, []types.PropertyChange) {}
+
+func (runtimeEnumDefaults) RemoveObject(*simulator.Context, types.ManagedObjectReference) {}
+
+func setRuntimeEnums(obj mo.Reference) {
+	vm, ok := obj.(*simulator.VirtualMachine)
+	if !ok {
+		return
+	}
+	for _, runtime := range []*types.VirtualMachineRuntimeInfo{&vm.Runtime, &vm.Summary.Runtime} {
+		if runtime.FaultToleranceState == "" {
+			runtime.FaultToleranceState = types.VirtualMachineFaultToleranceStateNotConfigured
+		}
+		if runtime.RecordReplayState == "" {
+			runtime.RecordReplayState = types.VirtualMachineRecordReplayStateInactive
+		}
+	}
+}
