@@ -327,7 +327,9 @@ SHAPE_GROUPS = {
     "UD": r"labs-k8s-w\d+-upgrade-drain", "UW": r"labs-k8s-w\d+-upgrade", "UU": r"labs-k8s-w\d+-upgrade-uncordon",
     "TG": r"teardown-guard", "FL": r"flannel", "KC": r"kubeconfig", "V": r"verify-cluster",
 }
-NOT_DRAWN = {"bootstrap-token-id", "bootstrap-token-secret", "certificate-key", "vrrp-password"}
+# The generated secrets: each node's key (rendering/sealed.py) too.
+NOT_DRAWN = {"bootstrap-token-id", "bootstrap-token-secret", "certificate-key", "vrrp-password",
+             *(f"labs-k8s-{n}-node-key" for n in ("lb01", "lb02", "m01", "m02", "m03", "w01", "w02"))}
 
 
 def _architecture() -> str:
