@@ -41,6 +41,11 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 venv: $(VENV)/.runtime
 venv-dev: $(VENV)/.dev
 
+# The CLI runs without SSH_AUTH_SOCK: pulumi-command dials the agent whenever the variable is set and
+# fails every remote step when that socket is gone (a stale one from a closed session), before it tries
+# the lab's key (pulumi-command 1.2.1 remote/connection.go SShConfig). The steps use labs-k8s:sshPrivateKey only.
+NO_AGENT := env -u SSH_AUTH_SOCK
+
 # Before the virtualenv and the CLI: which stack (no default, see STACK above).
 stack-named:
 	@if [ -z "$(STACK)" ]; then \
@@ -56,11 +61,11 @@ stack-named:
 # (components/first_run.py). Each problem comes with the command that fixes it.
 up: stack-named venv
 	$(PY) -m components check --stack $(STACK) --for up
-	pulumi up --stack $(STACK)
+	$(NO_AGENT) pulumi up --stack $(STACK)
 
 preview: stack-named venv
 	$(PY) -m components check --stack $(STACK) --for preview
-	pulumi preview --stack $(STACK) --diff
+	$(NO_AGENT) pulumi preview --stack $(STACK) --diff
 
 # --refresh: `pulumi destroy` alone trusts the state, and the vSphere provider's delete of a VM that
 # is already gone from vCenter fails ("cannot locate virtual machine with UUID"), while its read
@@ -68,7 +73,7 @@ preview: stack-named venv
 # virtualmachine.UUIDNotFoundError). Reading first lets a destroy finish with a node already gone.
 destroy: stack-named venv
 	$(PY) -m components check --stack $(STACK) --for destroy
-	pulumi destroy --stack $(STACK) --refresh
+	$(NO_AGENT) pulumi destroy --stack $(STACK) --refresh
 
 render: venv
 	$(PY) -m components render --stack $(or $(STACK),labs) --out render

@@ -53,7 +53,7 @@ def host_artifacts(lab: LabConfig) -> dict[str, dict[str, str]]:
     cluster.update({f"steps/kubeconfig/{k}": v for k, v in k8s.kubeconfig_files(lab).items()})
     cluster.update({f"steps/teardown-guard/{k}": v for k, v in k8s.teardown_guard_files().items()})
     for host in lab.kubernetes_nodes:
-        refresh = k8s.refresh_files(lab, token, certificate_key, host)
+        refresh = k8s.refresh_files(lab, token, k8s.refresh_certificate_key(host, certificate_key), host)
         cluster.update({f"steps/{host.name}-refresh-join-material/{k}": v for k, v in refresh.items()})
         cluster.update({f"steps/{host.name}-leave-cluster/{k}": v for k, v in k8s.leave_files(host).items()})
         if host.role is Role.CONTROL_PLANE:

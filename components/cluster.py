@@ -39,7 +39,7 @@ order above without the upgrade steps in between.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pulumi
 import pulumi_random as random
@@ -68,9 +68,12 @@ class KubeadmCluster(pulumi.ComponentResource):
         balancers_ready: Sequence[pulumi.Resource],
         private_key: pulumi.Input[str],
         previous: PreviousState | None = None,
+        node_keys: Mapping[str, pulumi.Input[str]] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("labs-k8s:k8s:KubeadmCluster", name, None, opts)
+        # The steps that carry the token or the certificate key are sealed to these (remote.run_step).
+        self._node_keys = node_keys
         child = pulumi.ResourceOptions(parent=self)
         self._lab = lab
         self._private_key = private_key
@@ -179,14 +182,17 @@ class KubeadmCluster(pulumi.ComponentResource):
             depends_on=[],
             order_after=[self.init, last_control_plane],
             handles_secrets=True,
+            # Exported only with its proof that a control plane printed it (a forged one would send
+            # kubectl to another API server, trusting another CA).
+            authenticated=True,
             extra_triggers=[
                 self._previous.next_generation("kubeconfig", "kubeconfig-renewal", renew),
                 f"kubernetes:{lab.kubernetes.version}",
             ],
         )
-        self.kubeconfig = pulumi.Output.secret(self.kubeconfig_step.stdout)
+        self.kubeconfig = steps.proven_stdout(self.kubeconfig_step, self._node_key_of_a_control_plane())
         self.kubeconfig_valid_until = pulumi.Output.unsecret(
-            self.kubeconfig_step.stdout.apply(k8s_rendering.kubeconfig_valid_until)
+            self.kubeconfig.apply(k8s_rendering.kubeconfig_valid_until)
         )
 
         # Deleted first on `pulumi destroy` (it depends on every leave guard): its delete marks the
@@ -214,6 +220,12 @@ class KubeadmCluster(pulumi.ComponentResource):
         )
         self.register_outputs({"kubeconfig": self.kubeconfig})
 
+    def _node_key_of_a_control_plane(self) -> pulumi.Input[str]:
+        """Any control plane's key opens a step through the VIP (each is one of its recipients)."""
+        if self._node_keys is None:
+            raise ValueError("the cluster needs the fleet's node keys")
+        return self._node_keys[self._lab.control_planes[0].name]
+
     def _step(
         self,
         resource_name: str,
@@ -228,6 +240,7 @@ class KubeadmCluster(pulumi.ComponentResource):
         timeout: str = "30m",
         extra_triggers: Sequence[pulumi.Input[str]] = (),
         order_after: Sequence[pulumi.Resource] = (),
+        authenticated: bool = False,
     ) -> remote.Command:
         return steps.run_step(
             resource_name,
@@ -244,6 +257,8 @@ class KubeadmCluster(pulumi.ComponentResource):
             timeout=timeout,
             extra_triggers=extra_triggers,
             order_after=order_after,
+            node_keys=self._node_keys,
+            authenticated=authenticated,
         )
 
     def _cluster_step(self, step: str, **kwargs: object) -> remote.Command:
@@ -261,13 +276,22 @@ class KubeadmCluster(pulumi.ComponentResource):
         join_name = f"{node.name}-kubeadm-join"
         refresh_name = f"{node.name}-refresh-join-material"
         pending = self._previous.stdout(join_name) not in JOIN_DONE
+        # The certificate key (it decrypts the cluster's CA keys in kubeadm-certs) goes only where
+        # certificates are uploaded: before a control plane's join, never before a worker's.
+        if node.role is Role.CONTROL_PLANE:
+            refresh_files = lambda token, key: k8s_rendering.refresh_files(lab, token, key, node)  # noqa: E731
+            refresh_secrets = [self.token, self.certificate_key]
+        else:
+            refresh_files = lambda token: k8s_rendering.refresh_files(lab, token, None, node)  # noqa: E731
+            refresh_secrets = [self.token]
         refresh = self._cluster_step(
             refresh_name,
-            files=lambda token, key: k8s_rendering.refresh_files(lab, token, key, node),
+            files=refresh_files,
             entrypoint=k8s_rendering.REFRESH_ENTRYPOINT,
-            secrets=[self.token, self.certificate_key],
+            secrets=refresh_secrets,
             depends_on=[self.prepared[node.name], leave],
             handles_secrets=True,
+            authenticated=True,
             extra_triggers=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
             # After the previous join (one control plane at a time); its re-run is no reason to
             # refresh again: this node's own steps and join attempts are.
@@ -290,12 +314,14 @@ class KubeadmCluster(pulumi.ComponentResource):
             files=files,
             entrypoint=entrypoint,
             secrets=secrets,
-            args=[refresh.stdout.apply(str.strip)],
+            # The CA hash the join pins: used only with its proof that a control plane printed it.
+            args=[steps.proven_stdout(refresh, self._node_key_of_a_control_plane()).apply(str.strip)],
             parent=self,
             depends_on=[self.prepared[node.name], refresh, leave],
             # stdout ("joined") stays readable in the state: the next `up` tells a finished join by it.
             handles_secrets=True,
             plain_stdout=True,
+            node_keys=self._node_keys,
         )
         self.joins[node.name] = join
         return join

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pulumi
+import pulumi_random as random
 import pulumi_vsphere as vsphere
 from pulumi_command import remote
 
@@ -11,7 +12,7 @@ from components import vsphere as vsphere_api
 from components.clone_source import CloneSource
 from components.config import LabConfig, Node, Role
 from components.rendering import node as node_rendering
-from components.rendering import read_file
+from components.rendering import read_file, sealed
 
 # Host time sync fully off: NTP (timesyncd) keeps time, and etcd hates a clock stepped under it.
 # sync_time_with_host*=False only stops the periodic sync (tools.syncTime, and on vSphere 7.0.1+
@@ -130,6 +131,7 @@ class NodeFleet(pulumi.ComponentResource):
 
     vms: dict[str, vsphere.VirtualMachine]
     ready: dict[str, remote.Command]
+    node_keys: dict[str, pulumi.Output[str]]
 
     def __init__(
         self,
@@ -166,13 +168,26 @@ class NodeFleet(pulumi.ComponentResource):
         wait_script = read_file("fleet/wait-for-cloud-init.sh")
         boot_dials = steps.dial_budget_seconds(steps.BOOT_DIAL_ATTEMPTS)
         self.settings: dict[str, remote.Command] = {}
+        self.node_keys = {}
         for node in lab.all_nodes:
             identity = node_rendering.instance_id(lab, node)
             source = CloneSource(
                 f"{node.name}-clone-source", node.name, identity, template_uuid, template_guest_id,
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            vm = self._clone(lab, node, source, identity, pool_id, datastore.id, network.id)
+            # The node's proof of identity for the steps that carry secrets (rendering/sealed.py):
+            # generated once per stack, kept in state as a secret, reaching the VM only through
+            # vCenter (its guestinfo), never over the node network that an impostor could answer on.
+            node_key = random.RandomPassword(
+                f"{node.name}-node-key",
+                length=sealed.NODE_KEY_LENGTH,
+                special=False,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            self.node_keys[node.name] = pulumi.Output.secret(node_key.result)
+            vm = self._clone(
+                lab, node, source, identity, pool_id, datastore.id, network.id, self.node_keys[node.name]
+            )
             self.vms[node.name] = vm
             self.ready[node.name] = steps.run_step(
                 f"{node.name}-ready",
@@ -239,6 +254,7 @@ class NodeFleet(pulumi.ComponentResource):
         pool_id: pulumi.Input[str],
         datastore_id: pulumi.Input[str],
         network_id: pulumi.Input[str],
+        node_key: pulumi.Output[str],
     ) -> vsphere.VirtualMachine:
         # The OS disk is exactly the template's: a clone's grown disk comes out lazy-zeroed
         # (terraform-provider-vsphere #2123). Extra room goes on a separate eager-zeroed disk.
@@ -285,10 +301,13 @@ class NodeFleet(pulumi.ComponentResource):
             # Identity and network through cloud-init's VMware datasource, never guest
             # customization (unreliable on Debian: packer-examples-for-vsphere#815, #848).
             # The stack tag lets preflight tell this stack's VMs from anyone else's on the next run.
+            # The node key changes in place like the rest (no reboot): a running node reads the new
+            # value at its next sealed step.
             extra_config={
                 **node_rendering.guestinfo_extra_config(lab, node),
                 **vsphere_api.stack_tag(pulumi.get_stack()),
                 **HOST_TIME_SYNC_OFF,
+                sealed.NODE_KEY_GUESTINFO: node_key,
             },
             # guestinfo changes in place (new SSH keys, NTP or DNS servers for a future replacement):
             # never power-cycle a node for that (the provider's default for any extra_config change).

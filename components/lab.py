@@ -37,6 +37,7 @@ class Lab(pulumi.ComponentResource):
             lab,
             {node.name: self.fleet.ready[node.name] for node in lab.balancers},
             inputs.ssh_private_key,
+            node_keys=self.fleet.node_keys,
             opts=child,
         )
         self.cluster = KubeadmCluster(
@@ -47,6 +48,7 @@ class Lab(pulumi.ComponentResource):
             list(self.balancers.setups.values()),
             inputs.ssh_private_key,
             previous,
+            node_keys=self.fleet.node_keys,
             opts=child,
         )
         self.api_endpoint = self.balancers.endpoint

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pulumi
 import pulumi_random as random
 from pulumi_command import remote
@@ -25,6 +27,7 @@ class LoadBalancerPair(pulumi.ComponentResource):
         lab: LabConfig,
         ready: dict[str, pulumi.Resource],
         private_key: pulumi.Input[str],
+        node_keys: Mapping[str, pulumi.Input[str]] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("labs-k8s:lb:LoadBalancerPair", name, None, opts)
@@ -48,6 +51,7 @@ class LoadBalancerPair(pulumi.ComponentResource):
                 parent=self,
                 depends_on=[ready[balancer.name]],
                 handles_secrets=True,
+                node_keys=node_keys,
             )
         self.endpoint = f"https://{lab.load_balancer.vip}:6443"
         self.register_outputs({"endpoint": self.endpoint})

@@ -255,10 +255,15 @@ class LabMocks(pulumi.runtime.Mocks):
         # all, what `pulumi stack init` leaves (pulumi/pulumi pkg/backend/diy/backend.go CreateStack).
         self.previous = None if previous is None else dict(previous)
         self.self_managed = organization == SELF_MANAGED_ORGANIZATION
+        # RandomPassword results by resource name: the node keys a proving step's answer is proven with.
+        self.passwords: dict[str, str] = {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         if (args.typ, args.name) in self.kept:
-            return f"{args.name}-id", dict(self.kept[(args.typ, args.name)])
+            kept = dict(self.kept[(args.typ, args.name)])
+            if args.typ == "random:index/randomPassword:RandomPassword" and "result" in kept:
+                self.passwords[args.name] = str(kept["result"])  # a kept node key still proves answers
+            return f"{args.name}-id", kept
         # Only what providers compute: echoing every input back (stdin bundles, guestinfo) would make
         # the mock, not the program, dominate evaluation time.
         outputs: dict[str, Any] = {"name": args.inputs["name"]} if "name" in args.inputs else {}
@@ -267,11 +272,12 @@ class LabMocks(pulumi.runtime.Mocks):
             outputs.update(uuid=f"4200{_fake_hex(args.name, 28)}", moid=f"vm-{_fake_hex(args.name, 4)}")
         elif args.typ == "random:index/randomPassword:RandomPassword":
             outputs["result"] = _fake_hex(args.name, int(args.inputs.get("length", 16)))
+            self.passwords[args.name] = outputs["result"]
         elif args.typ == "random:index/randomId:RandomId":
             size = int(args.inputs.get("byteLength", 32))
             outputs.update(hex=_fake_hex(args.name, size * 2), b64Std="", b64Url="", dec="")
         elif args.typ == "command:remote:Command":
-            outputs.update(stdout=self._command_stdout(args.name, args.inputs), stderr="")
+            outputs.update(stdout=self._proven(self._command_stdout(args.name, args.inputs), args.inputs), stderr="")
         elif args.typ == "pulumi-python:dynamic:Resource":
             # Both dynamic providers return their inputs as outputs (few, small); the template
             # build adds the UUID, managed object id and guest id of the template it made.
@@ -282,6 +288,21 @@ class LabMocks(pulumi.runtime.Mocks):
                 outputs.update(uuid=f"4201{_fake_hex(built, 28)}", moid=f"vm-{_fake_hex(built, 4)}",
                                guestId="debian12_64Guest")
         return resource_id, outputs
+
+    def _proven(self, stdout: str, inputs: Mapping[str, Any]) -> str:
+        """What unseal-step.sh prints on a host that opened a proving bundle: the answer, then its proof
+        (the node keys are the mock's own RandomPassword results, `<node>-node-key`)."""
+        from components.rendering import sealed
+
+        stdin = str(_unwrap(inputs.get("stdin", "")))  # a secret input arrives in its wire form
+        if f"/{sealed.PROVE_FILE} <<" not in stdin:
+            return stdout
+        for host in sealed.recipients_of(stdin):
+            key = self.passwords.get(f"{host}-node-key")
+            if key is not None:
+                answer = stdout.rstrip("\n")  # as `answer=$(...)` in unseal-step.sh keeps it
+                return f"{answer}\n{sealed.proof(stdin, key, answer)}"
+        return stdout
 
     def _command_stdout(self, name: str, inputs: Mapping[str, Any]) -> str:
         if name.endswith("-kubeadm-join"):

@@ -7,6 +7,9 @@ the lab config into a PreflightSpec and the report into a Pulumi error or warnin
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from typing import Any
+
 import pulumi
 
 from components import releases
@@ -107,6 +110,18 @@ def preflight_spec(lab: LabConfig, stack: str, previous: PreviousState | None = 
     )
 
 
+def vcenter_session(inputs: StackInputs) -> AbstractContextManager[Any]:
+    """A pyvmomi session with the stack's vCenter login (VSphereError when it is refused)."""
+    from components import vsphere
+
+    credentials = inputs.vcenter
+    address = vsphere.parse_server(credentials.server)
+    return vsphere.session(
+        address.host, credentials.user, credentials.plain_password, port=address.port,
+        insecure=credentials.allow_unverified_ssl,
+    )
+
+
 def release_findings(lab: LabConfig) -> list[releases.ReleaseFinding]:
     """Does kubernetes.version exist where the nodes install it from (labs-k8s:preflight.kubernetesPackagesUrl)?"""
     if not lab.preflight.kubernetes_packages_url:
@@ -123,13 +138,8 @@ def run_preflight(inputs: StackInputs, previous: PreviousState | None = None) ->
     from components import vsphere
 
     release = release_findings(lab)
-    credentials = inputs.vcenter
     try:
-        address = vsphere.parse_server(credentials.server)
-        with vsphere.session(
-            address.host, credentials.user, credentials.plain_password, port=address.port,
-            insecure=credentials.allow_unverified_ssl,
-        ) as si:
+        with vcenter_session(inputs) as si:
             report = vsphere.preflight(si, preflight_spec(lab, inputs.stack, previous))
     except vsphere.VSphereError as error:
         also = "".join(f"\n{'ERROR' if f.error else 'WARNING'} [kubernetes] {f.message}" for f in release)
@@ -170,13 +180,8 @@ def check_rules_after_up(inputs: StackInputs, rule_ids: list[pulumi.Output[str]]
     def check(_ids: list[str]) -> None:
         from components import vsphere
 
-        credentials = inputs.vcenter
         try:
-            address = vsphere.parse_server(credentials.server)
-            with vsphere.session(
-                address.host, credentials.user, credentials.plain_password, port=address.port,
-                insecure=credentials.allow_unverified_ssl,
-            ) as si:
+            with vcenter_session(inputs) as si:
                 violations = vsphere.check_rules(si, lab.vsphere.datacenter, lab.vsphere.compute_cluster, names)
         except vsphere.VSphereError as error:
             pulumi.log.warn(f"after up: could not check the anti-affinity rules: {error}")

@@ -7,14 +7,17 @@ the node's configured static IP, never to what vCenter reports (pulumi/pulumi-vs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+import shlex
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pulumi
 from pulumi_command import remote
 
 from components.config import LabConfig, Node
-from components.rendering import content_hash, step_bundle
+from components.rendering import content_hash, sealed, step_bundle
 from components.rendering.lb import CONTROL_PLANE_SSH_PORT
 
 # pulumi-command dials up to `dialErrorLimit` times; each attempt is bounded by `perDialTimeout`
@@ -29,8 +32,58 @@ STEP_DIAL_ATTEMPTS = 12
 # A clone's first boot (firmware, cloud-init, host keys): 4 minutes when every dial is refused
 # at once, up to 15 when every dial times out.
 BOOT_DIAL_ATTEMPTS = 60
-DELETE_TIMEOUT = "10m"
+DELETE_TIMEOUT = "15m"  # a leave guard: drain (210 s at most), Node delete, etcd member
 RUN_STEP = "sudo -n bash -s"
+# pulumi-command 1.2.1 bounds only the dial by the step's context: `session.Run` has none
+# (remote/commandOutputs.go `run`), so a script that hangs, or waits on something that never comes,
+# holds `up` or `destroy` for ever. Each run of a bundle is therefore wrapped in coreutils'
+# `timeout`, with a deadline that ends before the step's own timeout (less the longest dial and a
+# margin). `timeout` runs the command in its own process group and signals the whole group
+# (coreutils src/timeout.c, `cleanup`), so a kubeadm or apt-get the script started dies with it, and
+# --kill-after follows with SIGKILL. A peer that vanished mid-step (a VM powered off, a balancer
+# failover) is bounded on the client side: x/crypto/ssh's Dial uses net.DialTimeout, whose TCP
+# keep-alive (Go net.Dialer, 15 s probes) ends the dead session within minutes.
+DEADLINE_MARGIN_SECONDS = 60
+KILL_AFTER_SECONDS = 20
+# The exit codes of `timeout` when it stopped the command (TERM: 124; KILL after --kill-after: 137).
+TIMED_OUT_CODES = (124, 137)
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def duration_seconds(value: str) -> int:
+    """A Pulumi custom timeout ("30m", "1h30m", "90s") in seconds."""
+    match = _DURATION.match(value)
+    if not value or match is None:
+        raise ValueError(f"{value!r} is not a duration like 30m, 1h or 90s")
+    hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def step_deadline_seconds(timeout: str, dial_attempts: int) -> int:
+    """How long a bundle may run on the node: the step's timeout less its longest dial and a margin,
+    so the node gives up (and says so) before Pulumi's own timeout would have to."""
+    deadline = duration_seconds(timeout) - dial_budget_seconds(dial_attempts) - DEADLINE_MARGIN_SECONDS
+    if deadline < 60:
+        raise ValueError(
+            f"a step timeout of {timeout} leaves {deadline}s for the script after {dial_attempts} dials: "
+            "give the step a longer timeout"
+        )
+    return deadline
+
+
+def bounded_run(step: str, deadline_seconds: int, args: Sequence[str] = ()) -> str:
+    """The remote command that runs a bundle from stdin with its own deadline, and says so when it
+    stopped it. It carries no secret: the bundle (stdin) does."""
+    tail = f" -- {' '.join(shlex.quote(a) for a in args)}" if args else ""
+    codes = " || ".join(f"[ $rc -eq {code} ]" for code in TIMED_OUT_CODES)
+    message = shlex.quote(
+        f"labs-k8s[{step}]: stopped after {deadline_seconds}s, the deadline of the step's script on the node "
+        "(shorter than the step's timeout): what it waited for never came; its log above says where it was"
+    )
+    return (
+        f"sudo -n timeout --kill-after={KILL_AFTER_SECONDS} {deadline_seconds} bash -s{tail}; rc=$?; "
+        f"if {codes}; then echo {message} >&2; fi; exit $rc"
+    )
 
 
 def dial_budget_seconds(attempts: int) -> int:
@@ -70,7 +123,8 @@ def cluster_connection(
     forwards to port 22 of the first control plane (config order) whose apiserver passes its
     health check. Cluster-wide steps use it, so no single control plane is needed for them.
     pulumi-command does not pin host keys (ssh.InsecureIgnoreHostKey), so landing on another
-    control plane than last time is not an error."""
+    control plane than last time is not an error; a step with a secret is sealed to every control
+    plane's node key instead (run_step), so only a real control plane can run it."""
     return remote.ConnectionArgs(
         host=str(lab.load_balancer.vip),
         port=CONTROL_PLANE_SSH_PORT,
@@ -107,6 +161,8 @@ def run_step(
     delete_timeout: str = DELETE_TIMEOUT,
     upstream_triggers: bool = True,
     order_after: Sequence[pulumi.Resource] = (),
+    node_keys: Mapping[str, pulumi.Input[str]] | None = None,
+    authenticated: bool = False,
 ) -> remote.Command:
     """Register one remote step.
 
@@ -130,23 +186,41 @@ def run_step(
     does not re-run `kubeadm init` and, through it, every later step), or ordering that exists only
     during an upgrade. `plain_stdout` keeps a
     secret-handling step's stdout (a status word) readable in the state; stderr stays secret.
+
+    A step with `secrets` is sealed (rendering/sealed.py) to the `node_keys` of the hosts meant to
+    run it: its node, or every control plane for a step through the VIP. pulumi-command checks no
+    host key, so whatever host answers for the address gets the stdin; only the VM holds its key.
+    `authenticated` seals it even without a secret and makes its answer (stdout) carry a proof
+    that such a host gave it: read it with `proven_stdout`, never `.stdout`.
     """
     step_name = resource_name
+    recipients: list[str] = []
+    if secrets or authenticated:
+        if node_keys is None:
+            raise ValueError(f"{resource_name}: a sealed step needs the node keys to seal it to")
+        recipients = [node.name] if node is not None else [cp.name for cp in lab.control_planes]
+    key_values = [node_keys[name] for name in recipients] if node_keys is not None else []
 
     def bundle(values: Sequence[Any]) -> str:
         secret_values = values[: len(secrets)]
-        arg_values = tuple(str(v) for v in values[len(secrets) :])
-        return step_bundle(step_name, files(*secret_values), entrypoint, arg_values)
+        arg_values = tuple(str(v) for v in values[len(secrets) : len(secrets) + len(args)])
+        plain = step_bundle(step_name, files(*secret_values), entrypoint, arg_values)
+        if not recipients:
+            return plain
+        keys = values[len(secrets) + len(args) :]
+        return sealed.seal(
+            step_name, plain, dict(zip(recipients, (str(k) for k in keys), strict=True)), prove=authenticated
+        )
 
     stdin: pulumi.Input[str]
     stdin_hash: pulumi.Input[str]
-    if not secrets and all(isinstance(a, str) for a in args):
+    if not recipients and all(isinstance(a, str) for a in args):
         # Known now: no Output machinery (it dominates evaluation time for large labs).
         stdin = bundle(list(args))
         stdin_hash = content_hash(stdin)
     else:
-        stdin = pulumi.Output.all(*secrets, *args).apply(bundle)
-        if secrets:
+        stdin = pulumi.Output.all(*secrets, *args, *key_values).apply(bundle)
+        if recipients:
             stdin = pulumi.Output.secret(stdin)
         stdin_hash = stdin.apply(content_hash)
     # The identities of this machine's earlier steps and VM (`depends_on`, never `order_after`) are
@@ -172,16 +246,16 @@ def run_step(
         # replaceOnChanges), so an SSH key rotation is an in-place update that re-runs the no-op
         # create and stores the new key, which a later delete (a node leaving) logs in with.
     )
-    create = RUN_STEP if rerun_on_change else "true"
+    create = bounded_run(step_name, step_deadline_seconds(timeout, dial_attempts)) if rerun_on_change else "true"
     if create_args:
-        create = f"{RUN_STEP} -- {' '.join(create_args)}"
+        create = bounded_run(step_name, step_deadline_seconds(timeout, dial_attempts), create_args)
     if delete_args is not None:
-        delete = f"{RUN_STEP} -- {' '.join(delete_args)}" if delete_args else RUN_STEP
+        delete = bounded_run(step_name, step_deadline_seconds(delete_timeout, dial_attempts), delete_args)
     if node is None:
         target = cluster_connection(lab, private_key, dial_attempts)
     else:
         target = connection(lab, node, private_key, dial_attempts)
-    return command(
+    step = command(
         resource_name,
         connection=target,
         create=create,
@@ -191,3 +265,22 @@ def run_step(
         logging=remote.Logging.NONE if handles_secrets else remote.Logging.STDOUT_AND_STDERR,
         opts=options,
     )
+    # What was sent, for proven_stdout: the proof is checked against this bundle, not against the
+    # provider's echo of it.
+    _SENT[step] = stdin
+    return step
+
+
+_SENT: weakref.WeakKeyDictionary[remote.Command, pulumi.Input[str]] = weakref.WeakKeyDictionary()
+
+
+def proven_stdout(step: remote.Command, node_key: pulumi.Input[str]) -> pulumi.Output[str]:
+    """The answer of an `authenticated` step, once its proof line checks out against `node_key` (any
+    one of its recipients'); the deployment stops with the step's name and the reason otherwise,
+    before anything uses the answer (a join pinning a forged CA hash, a forged kubeconfig exported)."""
+
+    def verify(values: list[Any]) -> str:
+        stdin, stdout, key = values
+        return sealed.verified_answer(step._name, str(stdin), str(key), str(stdout))
+
+    return pulumi.Output.secret(pulumi.Output.all(_SENT[step], step.stdout, node_key).apply(verify))

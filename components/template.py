@@ -46,6 +46,11 @@ PROVIDER_KEY = "__provider"  # the pickled provider the SDK adds to every dynami
 CACHE_ROOT = Path(os.environ.get("LABS_K8S_CACHE", Path.home() / ".cache" / "labs-k8s"))
 ISO_CACHE = CACHE_ROOT / "iso"
 ISO_DATASTORE_DIR = "labs-k8s-iso"
+# What a build may take beyond labs-k8s:template.buildTimeoutMinutes (the unattended install): the
+# netinst download, remastering, the upload, the builder VM's eager-zeroed disk, the conversion.
+# Pulumi's Python dynamic-provider host ignores the create timeout (pulumi 3.272 sdk/python/lib/
+# pulumi/dynamic/__main__.py `Create` never reads request.timeout), so `create` enforces it itself.
+BUILD_OVERHEAD_MINUTES = 30
 
 # Input key of each required field (the camelCase names the program registers).
 _REQUIRED_INPUTS = {
@@ -198,6 +203,37 @@ class TemplateBuildProvider(ResourceProvider):
         return DiffResult(changes=bool(changed or stale), replaces=replaces, delete_before_replace=False)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
+        """The build, bounded: past buildTimeoutMinutes + BUILD_OVERHEAD_MINUTES the create fails,
+        whatever phase hangs (a download that trickles, an upload to a datastore that stalls, a vCenter
+        task that never ends). The build runs in a worker thread; the deployment gets the error, and a
+        builder VM left behind is what the next `up` deletes (`_take_over`)."""
+        import threading
+
+        spec = TemplateInputs.from_props(props)
+        limit_s = spec.build_timeout_s + BUILD_OVERHEAD_MINUTES * 60
+        outcome: dict[str, Any] = {}
+
+        def build() -> None:
+            try:
+                outcome["result"] = self._create(props)
+            except Exception as error:  # re-raised in the caller's thread, as if raised there
+                outcome["error"] = error
+
+        worker = threading.Thread(target=build, name=f"template-build-{spec.name}", daemon=True)
+        worker.start()
+        worker.join(limit_s)
+        if worker.is_alive():
+            raise TemplateBuildError(
+                f"building the golden template {spec.name} did not finish within {limit_s / 60:g} minutes "
+                f"(labs-k8s:template.buildTimeoutMinutes {spec.build_timeout_s / 60:g} for the install, plus "
+                f"{BUILD_OVERHEAD_MINUTES} for the media, the upload and the conversion): stopped waiting. A builder "
+                "VM it made stays in vCenter; the next `pulumi up` deletes it and builds the template again"
+            )
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["result"]
+
+    def _create(self, props: dict[str, Any]) -> CreateResult:
         from components import vsphere
 
         spec = TemplateInputs.from_props(props)
@@ -458,7 +494,10 @@ class GoldenTemplate(pulumi.ComponentResource):
                 parent=self,
                 # Kept across lab rebuilds when the config says so (labs-k8s:template.retainOnDestroy).
                 retain_on_delete=lab.template.retain_on_destroy,
-                custom_timeouts=pulumi.CustomTimeouts(create=f"{lab.template.build_timeout_minutes + 30}m"),
+                # Enforced by the provider itself (create): the Python dynamic-provider host ignores it.
+                custom_timeouts=pulumi.CustomTimeouts(
+                    create=f"{lab.template.build_timeout_minutes + BUILD_OVERHEAD_MINUTES}m"
+                ),
             ),
         )
         self.uuid = build.uuid

@@ -329,8 +329,29 @@ def decrypted_config(stack: str) -> dict[str, Any]:
     return config
 
 
+def agent_problem() -> str | None:
+    """What every remote step of an `up` or `destroy` fails with when SSH_AUTH_SOCK names no live
+    agent: pulumi-command (launched by the CLI with its environment) dials the agent whenever the
+    variable is set, before any key is tried, and returns the dial's error (pulumi-command 1.2.1
+    provider/pkg/provider/remote/connection.go `SShConfig`: net.Dial("unix", ...))."""
+    path = os.environ.get("SSH_AUTH_SOCK", "")
+    if not path:
+        return None
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(path)
+        except OSError as error:
+            return f"dial unix {path}: connect: {error.strerror.lower() if error.strerror else error}"
+    return None
+
+
 def cmd_run(command: str, options: dict[str, str | bool]) -> None:
     stack = current_stack(options)
+    problem = agent_problem() if command in ("up", "destroy") else None
+    if problem:
+        fail(f"every command:remote:Command failed: {problem}")
     if command == "destroy":
         # What a destroy leaves: a deployment without resources.
         existing = stacks()

@@ -421,6 +421,20 @@ def test_a_stack_files_vcenter_login_wins_over_the_workflows_variables():
     assert vsphere_settings(lambda key: committed.get(key), workflow)["vsphereServer"] == "vcenter.site.example"
 
 
+@pytest.mark.parametrize("target", ["up", "preview", "destroy"])
+def test_a_stale_ssh_agent_socket_does_not_break_the_steps(sandbox, tmp_path, target):
+    """SSH_AUTH_SOCK left from a closed session (a tmux pane that outlived its SSH login): pulumi-command
+    dials it before the lab's own key and every remote step fails. The steps log in with
+    labs-k8s:sshPrivateKey alone, so make runs the CLI without the variable."""
+    ready_stack(sandbox)
+    if target == "destroy":
+        assert sandbox.make("up", f"STACK={STACK}").returncode == 0
+    stale = tmp_path / "gone" / "agent.sock"
+    result = sandbox.make(target, f"STACK={STACK}", SSH_AUTH_SOCK=str(stale))
+    assert result.returncode == 0, result.stderr
+    assert sandbox.calls()[-1][0] == target
+
+
 # --------------------------------------------------------------------------- which stack (issue 24)
 
 

@@ -32,6 +32,7 @@ from components.config import Role
 from components.fleet import READINESS_TIMEOUT_SECONDS
 from components.offline import run_program
 from components.rendering.node import DATA_DISK_BY_PATH, DATA_DISKS, guestinfo_extra_config, node_mac
+from components.rendering.sealed import NODE_KEY_GUESTINFO
 from tests.firstboot import (
     CACHE_DIR,
     NIC_PCI_ADDRESS,
@@ -180,7 +181,10 @@ def firstboot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with clone_lab(cfg, image, workdir, cfg.ssh.user, private_key) as lab:
         for node in nodes:
             vm = _registered(program, node.name)
-            extra_config = {k: v for k, v in vm["extraConfig"].items() if k.startswith("guestinfo.")}
+            # Not the node key: the sealed steps read it through vmware-rpctool, which needs VMware's
+            # backdoor (not here), and cloud-init's environment transport has no use for it.
+            extra_config = {k: v for k, v in vm["extraConfig"].items()
+                            if k.startswith("guestinfo.") and k != NODE_KEY_GUESTINFO}
             (nic,) = vm["networkInterfaces"]
             mac = nic["macAddress"]
             assert nic["useStaticMac"] is True and mac == node_mac(node)

@@ -103,7 +103,9 @@ class Scenario:
 
     def refresh(self, joining: str) -> subprocess.CompletedProcess[str]:
         h = self.lab.cluster_node()
-        h.install_step(k8s.refresh_files(self.cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, self.node(joining)))
+        node = self.node(joining)
+        key = k8s.refresh_certificate_key(node, TEST_CERTIFICATE_KEY)
+        h.install_step(k8s.refresh_files(self.cfg, TEST_TOKEN, key, node))
         return h.run(k8s.REFRESH_ENTRYPOINT)
 
     def join(self, name: str, ca_hash: str) -> subprocess.CompletedProcess[str]:

@@ -555,7 +555,7 @@ def test_leave_refresh_and_prepare_refuse_what_they_do_not_handle() -> None:
     params = sourced(k8s.leave_files(cfg.control_planes[2])[k8s.PARAMS_FILE])
     assert (params["LEAVING_NODE"], params["LEAVING_IP"], params["LEAVING_ROLE"]) == (
         "labs-k8s-m03", "10.3.60.53", "control-plane")
-    refresh = sourced(k8s.refresh_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, cfg.workers[0])[k8s.PARAMS_FILE])
+    refresh = sourced(k8s.refresh_files(cfg, TEST_TOKEN, None, cfg.workers[0])[k8s.PARAMS_FILE])
     assert (refresh["JOINING_NODE"], refresh["JOINING_ROLE"]) == ("labs-k8s-w01", "worker")
     init = sourced(k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY)[k8s.PARAMS_FILE])
     assert init["BALANCER_STEPS"] == "labs-k8s-lb01-lb-setup labs-k8s-lb02-lb-setup"

@@ -17,6 +17,7 @@ import yaml
 
 from components import remote as remote_steps
 from components.offline import RecordingMonitor, run_program
+from components.rendering import sealed
 
 VM = "vsphere:index/virtualMachine:VirtualMachine"
 RULE = "vsphere:index/computeClusterVmAntiAffinityRule:ComputeClusterVmAntiAffinityRule"
@@ -68,7 +69,8 @@ def test_every_resource_is_parented_to_its_component(offline_run):
             assert offline_run.parent_name(reg.name) in component_names - {"labs-k8s"}, reg.name
     by_parent = {
         "template": {"pulumi-python:dynamic:Resource"},
-        "fleet": {VM, RULE, COMMAND, "pulumi-python:dynamic:Resource"},
+        # The random resource: each node's key (rendering/sealed.py).
+        "fleet": {VM, RULE, COMMAND, "pulumi-python:dynamic:Resource", "random:index/randomPassword:RandomPassword"},
         "balancers": {COMMAND, "random:index/randomPassword:RandomPassword"},
     }
     for parent, types in by_parent.items():
@@ -314,7 +316,7 @@ def test_adding_a_worker_leaves_the_others_untouched(offline_run, run_with, lab_
     assert new == {
         "labs-k8s-w03", "labs-k8s-w03-ready", "labs-k8s-w03-prepare", "labs-k8s-w03-refresh-join-material",
         "labs-k8s-w03-kubeadm-join", "labs-k8s-w03-leave-cluster", "labs-k8s-w03-clone-source",
-        "labs-k8s-w03-node-settings",
+        "labs-k8s-w03-node-settings", "labs-k8s-w03-node-key",
         # Its upgrade steps (no-ops: it is prepared at the configured version).
         "labs-k8s-w03-upgrade-drain", "labs-k8s-w03-upgrade", "labs-k8s-w03-upgrade-uncordon",
     }
@@ -403,6 +405,36 @@ def test_every_command_has_finite_timeouts_longer_than_its_dials(offline_run):
             assert dials / 60 < _minutes(timeouts[kind]) <= 60, (reg.name, kind, timeouts[kind])
     guard = offline_run.by_name("teardown-guard")
     assert _minutes(guard.custom_timeouts["delete"]) <= 5  # the first thing `pulumi destroy` deletes
+
+
+_BOUNDED = re.compile(r"^sudo -n timeout --kill-after=(\d+) (\d+) bash -s((?: -- \w+)?); rc=\$\?; (.*)$")
+
+
+def _bounded(command: str) -> tuple[int, int, str]:
+    """(kill-after, deadline, arguments) of a remote command that runs a bundle under `timeout`."""
+    match = _BOUNDED.match(command)
+    assert match, f"not run under its own deadline: {command!r}"
+    assert "exit $rc" in match.group(4) and "stopped after" in match.group(4)
+    return int(match.group(1)), int(match.group(2)), match.group(3)
+
+
+def test_every_bundle_runs_under_its_own_deadline_shorter_than_the_step_timeout(offline_run):
+    """pulumi-command 1.2.1 runs `session.Run` without the step's context (remote/commandOutputs.go):
+    the custom timeout ends only the dial. A script that hangs is stopped on the node by `timeout`,
+    before the step's own timeout, even after the longest dial."""
+    checked = 0
+    for reg in offline_run.of_type(COMMAND):
+        connection = reg.plain_inputs["connection"]
+        dials = connection["dialErrorLimit"] * (connection["perDialTimeout"] + 5)
+        for kind, timeout_kind in (("create", "create"), ("delete", "delete")):
+            command = reg.plain_inputs.get(kind)
+            if not command or command == "true":
+                continue
+            kill_after, deadline, _args = _bounded(command)
+            budget = _minutes(reg.custom_timeouts[timeout_kind]) * 60
+            assert deadline >= 60 and dials + deadline + kill_after < budget, (reg.name, kind, deadline, budget)
+            checked += 1
+    assert checked > 30
 
 
 def test_no_command_sends_its_previous_output_back(offline_run):
@@ -537,7 +569,7 @@ def test_leave_guards_remove_a_node_before_its_vm_goes(offline_run):
         assert "connection" not in leave.ignore_changes and "connection" not in leave.replace_on_changes
         # The create does nothing; the delete runs the bundle (drain, delete the Node, etcd member).
         assert leave.plain_inputs["create"] == "true"
-        assert leave.plain_inputs["delete"] == "sudo -n bash -s"
+        assert _bounded(leave.plain_inputs["delete"])[2] == ""
         assert "leave-cluster.sh" in leave.plain_inputs["stdin"] and node in leave.plain_inputs["stdin"]
         assert offline_run.depends_on(leave.name, node)
         assert offline_run.depends_on("teardown-guard", leave.name)  # deleted first on destroy
@@ -549,8 +581,8 @@ def test_leave_guards_remove_a_node_before_its_vm_goes(offline_run):
 
 def test_teardown_guard_marks_on_delete_clears_on_create_and_is_never_replaced(offline_run):
     guard = offline_run.by_name("teardown-guard")
-    assert guard.plain_inputs["create"] == "sudo -n bash -s -- clear"
-    assert guard.plain_inputs["delete"] == "sudo -n bash -s -- set"
+    assert _bounded(guard.plain_inputs["create"])[2] == " -- clear"
+    assert _bounded(guard.plain_inputs["delete"])[2] == " -- set"
     assert guard.plain_inputs["triggers"] == []
     assert guard.delete_before_replace  # mark, then clear
     assert "connection" not in guard.ignore_changes  # a key rotation updates the key its delete uses
@@ -620,3 +652,119 @@ def test_the_clones_resource_pool_is_the_templates_a_path_below_the_clusters_roo
     pools = [args for token, args in run.calls if token == "vsphere:index/getResourcePool:getResourcePool"]
     assert [args["name"] for args in pools] == [f"{lab_namespace['vsphere']['computeCluster']}/Resources/team/k8s"]
     assert run.by_name("golden-template").plain_inputs["resourcePool"] == "team/k8s"
+
+
+# --------------------------------------------------------------------------- host identity
+
+_FILE_IN_BUNDLE = re.compile(r"base64 -d > (\S+) <<'LABS_K8S_EOF'\n((?:[^\n]*\n)*?)LABS_K8S_EOF\n")
+
+
+def _bundle_texts(bundle: str) -> str:
+    """The bundle's own text and every file it writes, decoded: where a plain secret would show."""
+    decoded = [
+        base64.b64decode(body.replace("\n", "")).decode(errors="replace")
+        for _path, body in _FILE_IN_BUNDLE.findall(bundle)
+    ]
+    return "\n".join([bundle, *decoded])
+
+
+def _secret_values(run) -> dict[str, str]:
+    out = {
+        name: run.by_name(name).plain_outputs["result"]
+        for name in ("bootstrap-token-id", "bootstrap-token-secret", "vrrp-password")
+    }
+    out["certificate-key"] = run.by_name("certificate-key").plain_outputs["hex"]
+    return out
+
+
+def _node_key(run, node: str) -> str:
+    return run.by_name(f"{node}-node-key").plain_outputs["result"]
+
+
+def test_each_vm_gets_its_own_node_key_only_through_vcenter(offline_run):
+    """The node key reaches the VM in its extraConfig (vCenter's API), a secret in the state."""
+    keys = set()
+    for node in NODES:
+        vm = offline_run.by_name(node)
+        assert vm.inputs["extraConfig"][sealed.NODE_KEY_GUESTINFO] == "[secret]"
+        assert vm.plain_inputs["extraConfig"][sealed.NODE_KEY_GUESTINFO] == _node_key(offline_run, node)
+        key = offline_run.by_name(f"{node}-node-key")
+        assert key.plain_inputs["length"] == sealed.NODE_KEY_LENGTH and key.plain_inputs["special"] is False
+        keys.add(_node_key(offline_run, node))
+        # Never part of the VM's identity: adding or changing it replaces no VM.
+        assert _node_key(offline_run, node) not in str(vm.plain_inputs["replaceTrigger"])
+    assert len(keys) == len(NODES)
+
+
+def test_steps_with_secrets_are_sealed_to_the_hosts_meant_to_run_them(offline_run):
+    """pulumi-command accepts any host key (ssh.InsecureIgnoreHostKey): whatever answers for the
+    address gets the stdin. So no secret is in it in the clear: only the VM's node key opens it."""
+    secrets = _secret_values(offline_run)
+    control_planes = [n for n in NODES if "-m0" in n]
+    sealed_steps = 0
+    for reg in offline_run.of_type(COMMAND):
+        stdin = reg.plain_inputs["stdin"]
+        texts = _bundle_texts(stdin)
+        for name, value in secrets.items():
+            assert value not in texts, f"{reg.name}: {name} in the clear"
+        if "stdin" not in reg.secret_input_keys:
+            continue
+        sealed_steps += 1
+        meant_for = [reg.plain_inputs["connection"]["host"]]
+        hosts = [n for n in NODES if NODES[n] in meant_for] if endpoint_of(reg) != CLUSTER_ENDPOINT else control_planes
+        assert sealed.recipients_of(stdin) == hosts, reg.name
+        inner = sealed.unseal(stdin, _node_key(offline_run, hosts[-1]))
+        if reg.name != "kubeconfig":  # sealed for its proven answer, it carries no secret in
+            assert secrets["bootstrap-token-secret"] in _bundle_texts(inner) or secrets["vrrp-password"] in (
+                _bundle_texts(inner)
+            ), reg.name
+        for other in set(NODES) - set(hosts):
+            with pytest.raises(ValueError, match="not among"):
+                sealed.unseal(stdin, _node_key(offline_run, other))
+    assert sealed_steps == 2 + 1 + 5 + 5 + 1  # lb-setup x2, init, refresh x5, join x5, kubeconfig
+
+
+def test_answers_the_program_relies_on_are_proven_before_use(offline_run):
+    """A host that answers for the VIP's SSH port without being a control plane could print a CA hash
+    of its own (a join would then trust its API server, and give it the token) or a kubeconfig of
+    its own (kubectl would trust its CA). Both answers carry a proof only a host that opened the
+    sealed bundle can compute; the program uses them only once it checks out."""
+    key = _node_key(offline_run, "labs-k8s-m02")
+    for name in ("labs-k8s-w01-refresh-join-material", "labs-k8s-m02-refresh-join-material", "kubeconfig"):
+        reg = offline_run.by_name(name)
+        stdin, stdout = reg.plain_inputs["stdin"], reg.plain_outputs["stdout"]
+        assert f"/{sealed.PROVE_FILE} <<" in stdin
+        answer = sealed.verified_answer(name, stdin, key, stdout)
+        assert answer and sealed.PROOF_PREFIX not in answer
+        forged = stdout.replace(answer, answer[:-1] + ("0" if answer[-1] != "0" else "1"))
+        with pytest.raises(ValueError, match=f"{name}: the answer's proof is wrong"):
+            sealed.verified_answer(name, stdin, key, forged)
+        with pytest.raises(ValueError, match=f"{name}: the answer has no proof"):
+            sealed.verified_answer(name, stdin, key, answer)
+    # What the join pins is the proven hash; the exported kubeconfig is the proven text.
+    refresh = offline_run.by_name("labs-k8s-w01-refresh-join-material")
+    join = offline_run.by_name("labs-k8s-w01-kubeadm-join")
+    proven = sealed.verified_answer("r", refresh.plain_inputs["stdin"], key, refresh.plain_outputs["stdout"])
+    inner = sealed.unseal(join.plain_inputs["stdin"], _node_key(offline_run, "labs-k8s-w01"))
+    assert f"exec bash ./join-worker.sh {proven}" in inner
+    kubeconfig = offline_run.by_name("kubeconfig")
+    assert sealed.PROOF_PREFIX not in sealed.verified_answer(
+        "k", kubeconfig.plain_inputs["stdin"], key, kubeconfig.plain_outputs["stdout"]
+    )
+
+
+def test_the_certificate_key_goes_only_to_steps_that_upload_or_fetch_certificates(offline_run):
+    """It decrypts the cluster's CA keys (kubeadm-certs): init, a control plane's refresh and join."""
+    key = _secret_values(offline_run)["certificate-key"]
+    having = set()
+    for reg in offline_run.of_type(COMMAND):
+        stdin = reg.plain_inputs["stdin"]
+        if "stdin" not in reg.secret_input_keys:
+            continue
+        inner = sealed.unseal(stdin, _node_key(offline_run, sealed.recipients_of(stdin)[0]))
+        if key in _bundle_texts(inner):
+            having.add(reg.name)
+    assert having == {
+        "labs-k8s-m01-kubeadm-init",
+        *(f"labs-k8s-m0{i}-{step}" for i in (1, 2, 3) for step in ("refresh-join-material", "kubeadm-join")),
+    }

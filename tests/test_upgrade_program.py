@@ -41,6 +41,8 @@ def test_workers_at_once_leaves_a_worker_for_the_workloads(lab_namespace: dict[s
     lab_namespace["nodes"]["workers"]["hosts"] = [{"name": f"labs-k8s-w{i:02}", "ip": f"10.3.60.{60 + i}"}
                                                   for i in range(1, workers + 1)]
     lab_namespace["kubernetes"]["upgrade"] = {"workersAtOnce": at_once}
+    if workers == 1:  # a lone worker is refused unless asked for (test_config.py), whatever workersAtOnce says
+        lab_namespace["kubernetes"]["allowSingleWorker"] = True
     if accepted:
         assert load_lab_config(lab_namespace).kubernetes.upgrade.workers_at_once == at_once
     else:

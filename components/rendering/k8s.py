@@ -212,15 +212,16 @@ def _common_context(cfg: LabConfig) -> dict[str, object]:
 # ------------------------------------------------------------------ kubeadm documents
 
 
-def render_init_config(cfg: LabConfig, token: str, certificate_key: str) -> str:
-    """InitConfiguration + ClusterConfiguration + KubeletConfiguration for the first control plane."""
+def render_init_config(cfg: LabConfig, token: str, certificate_key: str | None) -> str:
+    """InitConfiguration + ClusterConfiguration + KubeletConfiguration for the first control plane.
+    `certificate_key=None` leaves it out: a worker's refresh uploads no certificates."""
     node = first_control_plane(cfg)
     return render_template(
         f"{_K8S_DIR}/kubeadm-init.yaml.j2",
         **_common_context(cfg),
         node=node,
         token=validate_token(token),
-        certificate_key=validate_certificate_key(certificate_key),
+        certificate_key=None if certificate_key is None else validate_certificate_key(certificate_key),
         cluster_name=cfg.kubernetes.cluster_name,
         kubernetes_version=cfg.kubernetes.version,
         pod_cidr=str(cfg.kubernetes.pod_cidr),
@@ -349,11 +350,14 @@ def init_files(cfg: LabConfig, token: str, certificate_key: str) -> dict[str, st
     return files
 
 
-def refresh_files(cfg: LabConfig, token: str, certificate_key: str, joining: Node) -> dict[str, str]:
+def refresh_files(cfg: LabConfig, token: str, certificate_key: str | None, joining: Node) -> dict[str, str]:
     """refresh-join-material.sh on a healthy control plane right before `joining` joins: same
-    config as init (same token and key); certificates are uploaded only for a control plane."""
+    config as init (same token and key); certificates are uploaded only for a control plane, so a
+    worker's refresh carries no certificate key (`None`): it decrypts the cluster's CA keys."""
     if joining.role not in (Role.CONTROL_PLANE, Role.WORKER):
         raise ValueError(f"{joining.name} is a {joining.role.value}; only Kubernetes nodes join")
+    if (certificate_key is None) != (joining.role is Role.WORKER):
+        raise ValueError(f"the refresh for {joining.name} needs the certificate key exactly when it is a control plane")
     files = _script_files(
         REFRESH_ENTRYPOINT,
         {
@@ -365,6 +369,11 @@ def refresh_files(cfg: LabConfig, token: str, certificate_key: str, joining: Nod
     )
     files[INIT_CONFIG_FILE] = render_init_config(cfg, token, certificate_key)
     return files
+
+
+def refresh_certificate_key(joining: Node, certificate_key: str) -> str | None:
+    """What refresh_files takes for `joining`: the certificate key for a control plane, else None."""
+    return certificate_key if joining.role is Role.CONTROL_PLANE else None
 
 
 def _join_params(cfg: LabConfig, node: Node) -> dict[str, ParamValue]:

@@ -22,9 +22,10 @@ go_binary() {
     return 1
 }
 
-# go_inputs_digest FILE...: a short digest of the files and the Go version, a cache key.
+# go_inputs_digest GO FILE...: a short digest of the files' contents and the Go version, a cache
+# key that is the same in every checkout (no paths in it).
 go_inputs_digest() {
-    local go=$1
+    local go=$1 file
     shift
-    { "$go" env GOVERSION; sha256sum "$@"; } | sha256sum | cut -c1-16
+    { "$go" env GOVERSION; for file in "$@"; do sha256sum <"$file"; done; } | sha256sum | cut -c1-16
 }
