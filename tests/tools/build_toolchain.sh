@@ -88,5 +88,7 @@ if [[ $reported != "$version" ]]; then
     exit 1
 fi
 touch "$OUT/.complete"
+# Toolchains of other keys (older pins) are never used again: about 170 MB each.
+find "$REPO/.cache/toolchain" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
 log "built $BIN in $((SECONDS - start_s))s"
 printf '%s\n' "$BIN"
