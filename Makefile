@@ -58,7 +58,7 @@ stack-named:
 
 # Before the Pulumi CLI runs: is it installed and logged in, which backend and stack, does the
 # stack exist (up/preview create it, destroy never does), are its settings complete
-# (components/first_run.py). Each problem comes with the command that fixes it.
+# (components/tools/first_run.py). Each problem comes with the command that fixes it.
 up: stack-named venv
 	$(PY) -m components check --stack $(STACK) --for up
 	$(NO_AGENT) pulumi up --stack $(STACK)

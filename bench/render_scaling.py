@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.offline import lab_config_from_stack, run_program
-from components.render_cli import graph_depth
+from components.tools.offline import lab_config_from_stack, run_program
+from components.tools.render import graph_depth
 
 WORKER_COUNTS = (2, 10, 50, 100)
 REPEATS = 3

@@ -4,7 +4,7 @@ node is drained.
 Two sources, both the real code:
 - the program under the mock engine, before and after the change of labs-k8s:kubernetes.version
   (the after run reads the before run as its previous state): the steps `pulumi up` runs, in its
-  order (components.changes.plan_changes), so the serialized chain;
+  order (components.tools.changes.plan_changes), so the serialized chain;
 - the real upgrade scripts run node after node on the stand-in cluster (tests/upgrade_harness.py):
   every command each node issues, so what happens between a node's cordon and its uncordon.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.changes import plan_changes
-from components.offline import run_program
+from components.tools.changes import plan_changes
+from components.tools.offline import run_program
 from tests.labs import make_lab_config, namespace
 from tests.upgrade_harness import FakeCluster, build_cluster, run_chain
 

@@ -27,7 +27,7 @@ A self-managed stack with no outputs is then either new or has a deployment whos
 before the program's outputs were registered (a first `up` that created VMs, then failed): the
 program cannot tell them apart. `make up` removes the doubt: it gives a self-managed stack that
 has no deployment an initial one whose stack resource carries the output INITIAL_DEPLOYMENT_OUTPUT
-(components/first_run.py), and the engine keeps a stack resource's outputs until an `up`
+(components/tools/first_run.py), and the engine keeps a stack resource's outputs until an `up`
 registers new ones, so a first `up` that fails still leaves an output behind. A stack created by
 a bare `pulumi stack init` + `pulumi up` whose first `up` failed is read as new: its first retry
 then re-runs no join-material refresh (join-attempt stays 1).
@@ -63,7 +63,7 @@ STACK_TYPE = "pulumi:pulumi:Stack"
 # A self-managed backend's stacks all belong to this organization (pkg/backend/diy/store.go).
 SELF_MANAGED_ORGANIZATION = "organization"
 # The stack output of the initial deployment `make up` gives a new self-managed stack
-# (components/first_run.py): it says "this stack has a deployment" before the program's first
+# (components/tools/first_run.py): it says "this stack has a deployment" before the program's first
 # outputs are registered.
 INITIAL_DEPLOYMENT_OUTPUT = "labsK8sInitialDeployment"
 UNREADABLE_KEY = "labs-k8s:previousState.unreadable"

@@ -26,7 +26,7 @@ import hashlib
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
-# components/offline.py puts this into its placeholder private key: `render` runs without secrets.
+# components/tools/offline.py puts this into its placeholder private key: `render` runs without secrets.
 RENDER_PLACEHOLDER_MARK = "RENDER-PLACEHOLDER"
 NEW_KEY_COMMAND = "mkdir -p -m 0700 ~/.ssh && ssh-keygen -t ed25519 -N '' -C labs-k8s -f ~/.ssh/labs-k8s"
 

@@ -154,7 +154,7 @@ class TemplateBuildProvider(ResourceProvider):
     CLI configures them with the provider inputs recorded at the last `up`
     (pkg/resource/deploy/providers/registry.go Registry.Same; pulumi/pulumi#18740, which used the
     current config, was reverted by #18756), so a rotated password needs one `up` first: `make
-    destroy` says so (components/first_run.py, docs/runbook.md).
+    destroy` says so (components/tools/first_run.py, docs/runbook.md).
     """
 
     def configure(self, req: ConfigureRequest) -> None:

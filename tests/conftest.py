@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from components.config import LabConfig
-from components.offline import OfflineRun, lab_config_from_stack, run_program
+from components.tools.offline import OfflineRun, lab_config_from_stack, run_program
 from tests.labs import namespace
 
 pytest_plugins = ["tests.vcsim"]

@@ -24,8 +24,8 @@ first-install path depends on, after the real CLI (pulumi/pulumi pkg/cmd/pulumi)
   stack_import.go, SaveSnapshot). A secret is exported as apitype.SecretV1: ciphertext, or with
   --show-secrets its value as JSON in `plaintext`.
 - `up`, `preview`: run the project's real program under Pulumi's mock engine
-  (components.offline.run_program) with the stack file's settings, the decrypted secrets and the
-  stack's deployment as its previous state (None: no deployment, components.offline.LabMocks), so
+  (components.tools.offline.run_program) with the stack file's settings, the decrypted secrets and the
+  stack's deployment as its previous state (None: no deployment, components.tools.offline.LabMocks), so
   every check the program makes before registering resources runs as under `pulumi up`; an error is
   printed and the exit status is 255, like the real CLI's; an engine panic (EnginePanic) exits 2,
   as a Go panic does. No provider is contacted. A successful `up` records the settings it ran with
@@ -254,7 +254,7 @@ def exported(value: Any, show_secrets: bool) -> Any:
 
 
 def default_vsphere_provider(stack: str, config: dict[str, Any], secret_keys: set[str]) -> dict[str, Any]:
-    from components.offline import default_provider_inputs
+    from components.tools.offline import default_provider_inputs
 
     inputs = {"version": "4.13.1", **default_provider_inputs(config, secret_keys)["vsphere"]}
     return {"urn": f"urn:pulumi:{stack}::labs-k8s::pulumi:providers:vsphere::default_4_13_1", "custom": True,
@@ -365,7 +365,7 @@ def cmd_run(command: str, options: dict[str, str | bool]) -> None:
     import pulumi
 
     from components.config import LabConfigError
-    from components.offline import EnginePanic, run_program
+    from components.tools.offline import EnginePanic, run_program
 
     deployment = stacks()[stack].get("deployment")
     previous = None if deployment is None else {

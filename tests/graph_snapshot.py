@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.offline import OfflineRun, Registration, run_program
+from components.tools.offline import OfflineRun, Registration, run_program
 from tests.labs import namespace
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "graph"

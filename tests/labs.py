@@ -1,4 +1,4 @@
-"""The committed `labs` stack's config for tests: one loader, built on components/offline.py.
+"""The committed `labs` stack's config for tests: one loader, built on components/tools/offline.py.
 
 `namespace()` is the `labs-k8s:` namespace of Pulumi.labs.yaml as the engine would pass it
 (`stack_config`: placeholder ssh.publicKey, preflight off), as plain data a test may edit;
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.config import NAMESPACE, LabConfig, load_lab_config
-from components.offline import stack_config
+from components.tools.offline import stack_config
 
 
 def namespace() -> dict[str, Any]:

@@ -35,7 +35,7 @@ reverted the same day by #18756. So `refresh` and `destroy` here take no config:
 the last `up` recorded (EngineResource.provider_config).
 
 The registered inputs come from the program itself run under the mock engine
-(components/offline.py: Registration.wire_inputs is the RegisterResource request's `object`,
+(components/tools/offline.py: Registration.wire_inputs is the RegisterResource request's `object`,
 serialized by pulumi.runtime.rpc.serialize_properties, which drops every None), never from a dict
 written by hand.
 """

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.offline import REPO_ROOT
+from components.tools.offline import REPO_ROOT
 from tests.requirements import unavailable
 
 BUILD_SCRIPT = REPO_ROOT / "tests" / "tools" / "build_toolchain.sh"

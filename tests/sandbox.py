@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.offline import REPO_ROOT
+from components.tools.offline import REPO_ROOT
 
 FAKE_PULUMI = REPO_ROOT / "tests" / "fake_pulumi.py"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -1,4 +1,4 @@
-"""The change -> effect model (components/changes.py) and the runbook table it generates.
+"""The change -> effect model (components/tools/changes.py) and the runbook table it generates.
 
 The model's rules are the engine's and the providers' (cited in the module); these tests pin
 them on small hand-made graphs where the engine's answer is known, then run the real program
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from components import changes
-from components.changes import (
+from components.tools import changes
+from components.tools.changes import (
     COMMAND,
     VM,
     apply_ignore_changes,
@@ -21,7 +21,7 @@ from components.changes import (
     path_contains,
     plan_changes,
 )
-from components.offline import REPO_ROOT, OfflineRun, Registration
+from components.tools.offline import REPO_ROOT, OfflineRun, Registration
 
 RUNBOOK = REPO_ROOT / "docs" / "runbook.md"
 
@@ -188,7 +188,7 @@ def test_unknown_resource_types_are_refused_not_guessed():
 
 
 def test_a_second_up_changes_nothing(offline_run):
-    from components.offline import run_program
+    from components.tools.offline import run_program
 
     assert plan_changes(offline_run, run_program("labs")).effects == []
 
@@ -197,7 +197,7 @@ def test_the_template_provider_diff_is_the_one_that_runs(offline_run):
     """The dynamic provider's own diff() decides: a new vCenter password changes nothing about
     the template (the provider reads the login at each call; it is not an input). A new ISO
     replaces it: test_a_rebuilt_template_leaves_the_nodes_alone."""
-    from components.offline import run_program
+    from components.tools.offline import run_program
 
     rotated = run_program("labs", overrides={"vsphere:password": "another-password"})
     assert rotated.config["vsphere:password"] == "another-password"  # the config really changed
@@ -217,7 +217,7 @@ def test_runbook_table_is_computed_from_the_program(case_plans):
     committed = text.split(changes.TABLE_BEGIN, 1)[1].split(changes.TABLE_END, 1)[0].lstrip("\n")
     table = changes.render_table((case, case_plans[case.title]) for case in changes.CHANGE_CASES)
     assert committed == table, (
-        "docs/runbook.md's change table is stale: python -m components.changes --write docs/runbook.md"
+        "docs/runbook.md's change table is stale: python -m components.tools.changes --write docs/runbook.md"
     )
 
 
@@ -303,7 +303,7 @@ def test_a_node_replaced_after_a_template_rebuild_is_cloned_from_the_current_tem
     """The engine keeps an ignored input's old value on a replacement too (processIgnoreChanges):
     with `ignore_changes=["clone"]`, a node replaced after a rebuild would be cloned from the
     template the rebuild deleted, after its old VM was deleted (delete-before-replace)."""
-    from components.offline import run_program
+    from components.tools.offline import run_program
 
     worker = "labs-k8s-w01"
     case = next(c for c in changes.CHANGE_CASES if "isoUrl" in c.title)

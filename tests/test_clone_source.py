@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from components.offline import OfflineRun, run_program
+from components.tools.offline import OfflineRun, run_program
 from tests.provider_host import EngineResource, proxy_free_environment
 
 NODE = "labs-k8s-w01"

@@ -3,7 +3,7 @@
 Each test runs the real program twice: once to produce a "previous deployment" (the state
 `pulumi:pulumi:readStackOutputs` and `readStackResourceOutputs` return, components/previous_state.py),
 then again with a config change or a changed state, and compares what each resource would receive.
-The mock answers as the engine does (components/offline.py LabMocks): a self-managed stack with no
+The mock answers as the engine does (components/tools/offline.py LabMocks): a self-managed stack with no
 deployment has no outputs, and asking it for its resources kills the run (EnginePanic).
 """
 
@@ -16,13 +16,13 @@ from typing import Any
 import pulumi
 import pytest
 
-from components.offline import EnginePanic, InvokeFailed, LabMocks, OfflineRun, RecordingMonitor, run_program
 from components.previous_state import (
     INITIAL_DEPLOYMENT_OUTPUT,
     READ_STACK_OUTPUTS,
     READ_STACK_RESOURCE_OUTPUTS,
     UNREADABLE_KEY,
 )
+from components.tools.offline import EnginePanic, InvokeFailed, LabMocks, OfflineRun, RecordingMonitor, run_program
 
 STACK_URN = "urn:pulumi:labs::labs-k8s::pulumi:pulumi:Stack::labs-k8s-labs"
 CLOUD_ORGANIZATION = "my-org"

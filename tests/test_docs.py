@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from components.config import LabConfig
-from components.offline import REPO_ROOT
-from components.render_cli import mermaid_graph
+from components.tools.offline import REPO_ROOT
+from components.tools.render import mermaid_graph
 from tests.sandbox import Sandbox
 
 DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
@@ -52,7 +52,7 @@ def test_make_up_runs_pulumi_up_on_the_stack_it_is_given():
     # No default: a forgotten `export STACK` must not create the example stack (tests/test_first_install.py).
     assert re.search(r"^STACK \?=$", makefile, flags=re.M)
     assert re.search(r"^up: stack-named venv$", makefile, flags=re.M)
-    # Its recipe's last line hands over to the CLI (after the checks of components/first_run.py).
+    # Its recipe's last line hands over to the CLI (after the checks of components/tools/first_run.py).
     # (without SSH_AUTH_SOCK: a stale agent socket fails every remote step, tests/test_first_install.py)
     assert re.search(r"^up: .*\n(?:\t.*\n)*?\t\$\(NO_AGENT\) pulumi up --stack \$\(STACK\)$", makefile, flags=re.M)
 
@@ -255,8 +255,8 @@ def test_the_datastore_size_in_the_prerequisites_is_what_preflight_asks_for():
     """The prerequisites' figure is preflight's own sum for the example (components/vsphere/preflight.py
     _check_datastore: eager-zeroed disks + swap files, plus the margin)."""
     from components.config import NAMESPACE, load_lab_config
-    from components.offline import PLACEHOLDER_PUBLIC_KEY
     from components.preflight import preflight_spec
+    from components.tools.offline import PLACEHOLDER_PUBLIC_KEY
 
     config = yaml.safe_load((REPO_ROOT / "Pulumi.labs.yaml").read_text())["config"]
     raw = {key[len(NAMESPACE) + 1:]: value for key, value in config.items() if key.startswith(f"{NAMESPACE}:")}
@@ -370,7 +370,7 @@ def test_the_architecture_diagram_draws_real_dependencies(offline_run):
 
 
 def test_the_architecture_depth_is_the_programs(offline_run, run_with, lab_namespace):
-    from components.render_cli import graph_depth
+    from components.tools.render import graph_depth
 
     depth = graph_depth(offline_run)
     stated = re.search(r"Its depth is (\d+) resources whatever the worker count", _architecture())

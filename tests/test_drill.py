@@ -1,4 +1,4 @@
-"""The failure drills (components/drills) against a real vCenter simulator and a cluster test double.
+"""The failure drills (components/tools/drills) against a real vCenter simulator and a cluster test double.
 
 The vCenter side is real: every test gets its own vcsim (tests/vcsim.py) holding the lab's seven
 VMs by their real names, tagged with the stack, and the drills power them off and on through
@@ -40,12 +40,18 @@ import pytest
 from pyVmomi import vim
 
 from components import vsphere as vs
-from components.__main__ import main as components_main
-from components.drills.cluster import DRAIN_FLAGS, EtcdStatus, KubectlCluster, deployment_manifest, parse_etcd_status
-from components.drills.engine import DrillResult, Limits
-from components.drills.inputs import DrillInputs, InputsError, load_inputs, parse_inputs
-from components.drills.scenarios import SCENARIOS
-from components.drills.vcenter import VCenterMachines
+from components.tools.cli import main as components_main
+from components.tools.drills.cluster import (
+    DRAIN_FLAGS,
+    EtcdStatus,
+    KubectlCluster,
+    deployment_manifest,
+    parse_etcd_status,
+)
+from components.tools.drills.engine import DrillResult, Limits
+from components.tools.drills.inputs import DrillInputs, InputsError, load_inputs, parse_inputs
+from components.tools.drills.scenarios import SCENARIOS
+from components.tools.drills.vcenter import VCenterMachines
 from tests.requirements import require_tool
 
 if TYPE_CHECKING:
@@ -838,13 +844,13 @@ def test_dry_run_refuses_what_the_live_run_refuses(capsys: pytest.CaptureFixture
                                                    lab_namespace: dict, scenario: str, says: str) -> None:
     """A one-worker lab (labs-k8s:kubernetes.allowSingleWorker) planned "2 nginx pods" in --dry-run
     while the live drill refuses it: the plan says the refusal instead, with exit status 2."""
-    import components.offline
+    import components.tools.offline
     from components.config import load_lab_config
 
     lab_namespace["nodes"]["workers"]["hosts"].pop()
     lab_namespace["kubernetes"]["allowSingleWorker"] = True
     lab = load_lab_config(lab_namespace)
-    monkeypatch.setattr(components.offline, "lab_config_from_stack", lambda stack: lab)
+    monkeypatch.setattr(components.tools.offline, "lab_config_from_stack", lambda stack: lab)
     assert components_main(["drill", scenario, "--dry-run"]) == 2
     captured = capsys.readouterr()
     assert f"DRY RUN: the {scenario} drill would refuse stack 'labs': {says}" in captured.err

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.offline import REPO_ROOT
+from components.tools.offline import REPO_ROOT
 from tests.debian_rootfs import in_target
 from tests.requirements import require_root, require_tool
 from tests.sandbox import Sandbox

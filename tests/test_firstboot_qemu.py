@@ -30,9 +30,9 @@ import pytest
 
 from components.config import Role
 from components.fleet import READINESS_TIMEOUT_SECONDS
-from components.offline import run_program
 from components.rendering.node import DATA_DISK_BY_PATH, DATA_DISKS, guestinfo_extra_config, node_mac
 from components.rendering.sealed import NODE_KEY_GUESTINFO
+from components.tools.offline import run_program
 from tests.firstboot import (
     CACHE_DIR,
     NIC_PCI_ADDRESS,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from components.offline import REPO_ROOT
+from components.tools.offline import REPO_ROOT
 from tests.debian_rootfs import unpack
 from tests.requirements import require_root, require_tool
 from tests.test_seal_rootfs import _rootfs_tarball

@@ -1,7 +1,7 @@
 """The render-diff comment: under GitHub's size limit whatever the report, and posted ONE time per
 pull request (created, then updated), against a stand-in GitHub API on loopback.
 
-The CLI runs as the comment workflow runs it: `python3 -m components.pr_comment`, here with `-S`
+The CLI runs as the comment workflow runs it: `python3 -m components.tools.pr_comment`, here with `-S`
 (no site-packages at all), which proves it needs the standard library only.
 """
 
@@ -20,8 +20,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from components.offline import REPO_ROOT
-from components.pr_comment import COMMENT_LIMIT, MARKER, build_comment, size
+from components.tools.offline import REPO_ROOT
+from components.tools.pr_comment import COMMENT_LIMIT, MARKER, build_comment, size
 
 RUN_URL = "https://github.example/o/r/actions/runs/42"
 
@@ -156,7 +156,7 @@ def test_the_build_command_needs_only_the_standard_library(tmp_path):
     files = [file_change(f"h{i}", "f", 60, seed=str(i)) for i in range(100)]
     (tmp_path / "report.json").write_text(json.dumps(report(files)))
     proc = subprocess.run(
-        [sys.executable, "-S", "-m", "components.pr_comment", "build", "--report", str(tmp_path / "report.json"),
+        [sys.executable, "-S", "-m", "components.tools.pr_comment", "build", "--report", str(tmp_path / "report.json"),
          "--full-diff-url", RUN_URL, "--out", str(tmp_path / "comment.md")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
     )
@@ -262,7 +262,7 @@ def post(url: str, tmp_path: Path, number: int, body: str, head_sha: str = "a" *
     (tmp_path / "pull-request.json").write_text(json.dumps({"number": number, "headSha": "ignored"}))
     (tmp_path / "comment.md").write_text(body)
     return subprocess.run(
-        [sys.executable, "-S", "-m", "components.pr_comment", "post", "--repo", "o/r",
+        [sys.executable, "-S", "-m", "components.tools.pr_comment", "post", "--repo", "o/r",
          "--pull-request-file", str(tmp_path / "pull-request.json"), "--head-sha", head_sha,
          "--head-repo", head_repo, "--body-file", str(tmp_path / "comment.md")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,

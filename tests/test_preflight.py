@@ -18,10 +18,10 @@ from pyVmomi import vim
 from components import releases
 from components import vsphere as vs
 from components.config import LabConfig
-from components.offline import REPO_ROOT
 from components.preflight import preflight_spec, release_findings, run_preflight
 from components.rendering.template import template_vm_name
 from components.stack_config import StackInputs, VcenterCredentials
+from components.tools.offline import REPO_ROOT
 from tests.test_config import problems
 
 FOLDER = "labs-k8s"
@@ -475,8 +475,8 @@ def test_the_rules_are_checked_once_the_up_has_made_them(with_folder, lab_config
     creation; vcsim holds the rule and the VMs' placement."""
     import pulumi_vsphere
 
-    from components.offline import run_program
     from components.preflight import check_rules_after_up
+    from components.tools.offline import run_program
 
     sim = with_folder(hosts=3)
     with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:

@@ -1,4 +1,4 @@
-"""The vCenter privileges (components/privileges.py) against the code, pyVmomi, vcsim and the runbook.
+"""The vCenter privileges (components/tools/privileges.py) against the code, pyVmomi, vcsim and the runbook.
 
 One list makes the runbook's tables and its govc snippet; these tests keep that list honest:
 every pyvmomi call in components/ is accounted for with at least the privileges pyVmomi's own
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from pyVmomi import VmomiSupport
 
-from components import privileges as priv
 from components import vsphere as vs
-from components.offline import REPO_ROOT
+from components.tools import privileges as priv
+from components.tools.offline import REPO_ROOT
 
 RUNBOOK = REPO_ROOT / "docs" / "runbook.md"
 # Plain functions of pyVim that stand for SOAP calls.
@@ -79,7 +79,7 @@ def test_every_pyvmomi_call_in_the_code_is_listed():
         spellings = {method} | {info.wsdlName for _, info in METHODS.get(method, [])}
         if not spellings & listed_methods:
             missing.append(f"{name} (in {', '.join(sorted(files))})")
-    assert not missing, f"pyvmomi calls without an entry in components/privileges.API_CALLS: {missing}"
+    assert not missing, f"pyvmomi calls without an entry in components/tools/privileges.API_CALLS: {missing}"
 
 
 def test_listed_calls_carry_the_privileges_pyvmomi_declares():

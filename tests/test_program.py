@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from components import remote as remote_steps
-from components.offline import RecordingMonitor, run_program
 from components.rendering import sealed
+from components.tools.offline import RecordingMonitor, run_program
 
 VM = "vsphere:index/virtualMachine:VirtualMachine"
 RULE = "vsphere:index/computeClusterVmAntiAffinityRule:ComputeClusterVmAntiAffinityRule"

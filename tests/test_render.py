@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from components.artifacts import PLACEHOLDERS
-from components.offline import PLACEHOLDER_PRIVATE_KEY, PLACEHOLDER_SECRET, REPO_ROOT
-from components.render_cli import graph_depth, mermaid_graph, plan_document
+from components.tools.artifacts import PLACEHOLDERS
+from components.tools.offline import PLACEHOLDER_PRIVATE_KEY, PLACEHOLDER_SECRET, REPO_ROOT
+from components.tools.render import graph_depth, mermaid_graph, plan_document
 
 HOSTS = ["labs-k8s-lb01", "labs-k8s-lb02", "labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03", "labs-k8s-w01",
          "labs-k8s-w02"]

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from components.artifacts import PLACEHOLDERS, SECRET_PLACEHOLDERS
-from components.changes import CHANGE_CASES, case_runs, plan_changes
-from components.offline import REPO_ROOT, run_document, run_from_document
-from components.pr_comment import build_comment
-from components.render_diff import pin_mismatches, redact, side_python
+from components.tools.artifacts import PLACEHOLDERS, SECRET_PLACEHOLDERS
+from components.tools.changes import CHANGE_CASES, case_runs, plan_changes
+from components.tools.offline import REPO_ROOT, run_document, run_from_document
+from components.tools.pr_comment import build_comment
+from components.tools.render_diff import pin_mismatches, redact, side_python
 
 # Ciphertexts as `pulumi config set --secret` writes them (passphrase provider: v1:<nonce>:<box>).
 # Nobody can decrypt these; the diff must name the rotation without printing either.
@@ -209,7 +209,7 @@ def test_an_added_worker_adds_its_machine_and_its_leave_guard(project):
             f"{NEW_WORKER}-leave-cluster"} <= set(created)
     assert created[NEW_WORKER]["type"] == "vsphere:index/virtualMachine:VirtualMachine"
     assert all(name.startswith(NEW_WORKER) for name in created)
-    rule = outcome.resources()["workers-anti-affinity"]  # how it changes is components.changes' call
+    rule = outcome.resources()["workers-anti-affinity"]  # how it changes is components.tools.changes' call
     assert rule["action"] in ("update", "replace") and rule["inputs"] == ["virtualMachineIds"]
     assert not outcome.resources("delete")
     outcome.assert_no_secret_in_clear()
@@ -273,7 +273,7 @@ def test_an_unknown_ref_is_an_error_not_a_diff(project):
 
 
 def test_secret_placeholders_are_shown_as_secret_and_public_values_are_not(lab_config):
-    from components.artifacts import host_artifacts
+    from components.tools.artifacts import host_artifacts
 
     files = host_artifacts(lab_config)
     init = redact(files["labs-k8s-m01"]["steps/kubeadm-init/kubeadm-init.yaml"])
@@ -314,7 +314,7 @@ def test_the_documented_example_comment_is_what_a_real_run_posts(haproxy_timeout
 
 
 def test_run_documents_compare_secrets_without_holding_them():
-    from components.offline import PLACEHOLDER_PRIVATE_KEY, run_document, run_from_document, run_program
+    from components.tools.offline import PLACEHOLDER_PRIVATE_KEY, run_document, run_from_document, run_program
 
     # The SSH private key reaches every remote step's `connection` (the vCenter password reaches no
     # resource: the template's provider reads it from the stack config at each call).
@@ -341,7 +341,7 @@ def test_run_documents_compare_secrets_without_holding_them():
 
 
 def test_an_encrypted_value_renders_as_a_placeholder_named_after_its_ciphertext():
-    from components.offline import PLACEHOLDER_PRIVATE_KEY, encrypted_placeholder
+    from components.tools.offline import PLACEHOLDER_PRIVATE_KEY, encrypted_placeholder
 
     old = encrypted_placeholder("vsphere:password", OLD_PASSWORD_CIPHERTEXT)
     assert old != encrypted_placeholder("vsphere:password", NEW_PASSWORD_CIPHERTEXT)
@@ -356,7 +356,7 @@ def test_an_encrypted_value_renders_as_a_placeholder_named_after_its_ciphertext(
 
 @pytest.mark.parametrize("case", CHANGE_CASES, ids=lambda c: c.title)
 def test_a_recorded_run_plans_as_the_live_run_does(case, offline_run):
-    """The run document loses nothing components.changes reads: each of the runbook's changes plans
+    """The run document loses nothing components.tools.changes reads: each of the runbook's changes plans
     the same from two recorded runs (as `diff` has them) as from the live ones."""
     key = secrets.token_bytes(32)
     before, after = case_runs(case, "labs", offline_run)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from components.offline import REPO_ROOT
 from components.rendering import read_file, step_bundle
+from components.tools.offline import REPO_ROOT
 from tests.requirements import require_tool
 
 TRACKED_SCRIPTS = subprocess.run(

@@ -16,7 +16,7 @@ import pickletools
 import pytest
 from pulumi.runtime import rpc
 
-from components.offline import OfflineRun
+from components.tools.offline import OfflineRun
 
 # (module, qualified name) of each dynamic provider, as the pickles in existing states name it.
 PINNED = {

@@ -1,7 +1,7 @@
 """The golden template's dynamic provider through Pulumi's own dynamic-provider host, against vcsim.
 
 Nothing here calls the provider's Python methods. Each test runs the real program under the mock
-engine (components/offline.py) to get the inputs it registers, then plays the engine
+engine (components/tools/offline.py) to get the inputs it registers, then plays the engine
 (tests/provider_host.py): `python -m pulumi.dynamic` started from the repository with the .venv
 interpreter, Configure with the stack config, and Check/Diff/Create/Update/Read/Delete over gRPC
 with the pickled provider in `__provider`, exactly as the SDK serialized it.
@@ -28,8 +28,8 @@ import pytest
 from pyVmomi import vim, vmodl
 
 from components import vsphere as vs
-from components.offline import REPO_ROOT, OfflineRun, run_program
 from components.template import TemplateBuildProvider
+from components.tools.offline import REPO_ROOT, OfflineRun, run_program
 from tests.labs import namespace
 from tests.provider_host import EngineResource, ProviderError, Step, from_struct, proxy_free_environment, to_struct
 from tests.standin_iso import build_standin_netinst, serve_directory
@@ -454,7 +454,7 @@ def test_a_rotated_vcenter_password_is_no_change_and_one_up_hands_it_to_refresh_
     `destroy` do not run the program: every CLI configures them with the inputs recorded at the
     last `up` (providers/registry.go Registry.Same; pulumi/pulumi#18740 was reverted by #18756),
     the old password among them. They fail naming the rejected login until one `up` has recorded
-    the new one: what `make destroy` checks (components/first_run.py) and docs/runbook.md says."""
+    the new one: what `make destroy` checks (components/tools/first_run.py) and docs/runbook.md says."""
     sim = lab_vcsim
     built = installer(sim)
     run = program(sim, netinst)

@@ -11,9 +11,9 @@ from typing import Any
 import pulumi
 import pytest
 
-from components.changes import plan_changes
 from components.config import load_lab_config
-from components.offline import OfflineRun, RecordingMonitor, run_program
+from components.tools.changes import plan_changes
+from components.tools.offline import OfflineRun, RecordingMonitor, run_program
 from components.upgrade import (
     VersionRecords,
     recorded_containerd,

@@ -27,9 +27,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from components.offline import REPO_ROOT
 from components.preflight import run_preflight
 from components.stack_config import StackInputs, VcenterCredentials
+from components.tools.offline import REPO_ROOT
 from tests.requirements import require_root, require_tool, unavailable
 
 GO_MODULE = REPO_ROOT / "tests" / "tools"  # go.mod pins govmomi, as for vcsim

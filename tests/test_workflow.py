@@ -164,7 +164,7 @@ def test_preview_runs_after_the_tests_on_the_vsphere_runner(workflow: dict[str, 
     run = step_index(steps, lambda s: "pulumi preview --stack labs --diff" in s.get("run", ""))
     assert venv < run
     assert "set -o pipefail" in steps[run]["run"]  # tee must not hide a failed preview
-    comment = step_index(steps, lambda s: "components.pr_comment post --marker preview" in s.get("run", ""))
+    comment = step_index(steps, lambda s: "components.tools.pr_comment post --marker preview" in s.get("run", ""))
     assert run < comment and steps[comment]["env"]["GITHUB_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
     assert steps[comment]["env"]["HEAD_SHA"] == "${{ github.event.pull_request.head.sha }}"
 
@@ -181,7 +181,7 @@ def test_the_preview_job_reads_no_stack_output(workflow: dict[str, Any]) -> None
 
 
 def test_the_preview_comment_is_the_cli_output_under_its_own_marker(tmp_path: Path) -> None:
-    from components.pr_comment import COMMENT_LIMIT, MARKER, PREVIEW_MARKER, main, preview_comment, size
+    from components.tools.pr_comment import COMMENT_LIMIT, MARKER, PREVIEW_MARKER, main, preview_comment, size
 
     text = "".join(f"    ~ command:remote:Command labs-k8s-w{i:03}-node-settings update\n" for i in range(5000))
     text += "Resources:\n    ~ 5000 to update\n"
@@ -313,8 +313,8 @@ def test_the_comment_is_posted_by_trusted_code_only(render_diff: dict[str, Any],
     assert download["with"]["name"] == "render-diff"
     # Unpacked outside the checkout: the artifact cannot replace the code that runs next.
     assert download["with"]["path"].startswith("${{ runner.temp }}/")
-    build = step_index(steps, lambda s: "components.pr_comment build" in s.get("run", ""))
-    post = step_index(steps, lambda s: "components.pr_comment post" in s.get("run", ""))
+    build = step_index(steps, lambda s: "components.tools.pr_comment build" in s.get("run", ""))
+    post = step_index(steps, lambda s: "components.tools.pr_comment post" in s.get("run", ""))
     assert steps.index(download) < build < post
     assert "--full-diff-url \"$RUN_URL\"" in steps[build]["run"]
     assert steps[build]["env"]["RUN_URL"] == "${{ github.event.workflow_run.html_url }}"
@@ -337,9 +337,9 @@ def _section(text: str, heading: str) -> str:
 def test_the_default_providers_update_line_is_explained() -> None:
     """A person's `up` (Pulumi.labs.yaml with the README's step-5 `vsphere:*` login) and the
     preview job (the same file, the login in `VSPHERE_*`) give the default providers different
-    inputs (components.offline.default_provider_inputs, after the engine's GetPackageConfig):
+    inputs (components.tools.offline.default_provider_inputs, after the engine's GetPackageConfig):
     docs/pull-requests.md names each key that differs, for both providers."""
-    from components.offline import default_provider_inputs, stack_config
+    from components.tools.offline import default_provider_inputs, stack_config
 
     ci, ci_secrets = stack_config("labs")
     for key in ("vsphere:vsphereServer", "vsphere:user", "vsphere:password"):
@@ -362,7 +362,7 @@ def test_the_default_providers_update_line_is_explained() -> None:
 def test_the_secrets_section_says_the_state_keeps_every_stack_secret() -> None:
     """The dynamic providers' default provider records every config key, secrets included: the
     README's secrets section says so, naming each secret a stack file holds."""
-    from components.offline import REQUIRED_SECRETS, default_provider_inputs
+    from components.tools.offline import REQUIRED_SECRETS, default_provider_inputs
 
     recorded = default_provider_inputs({key: "x" for key in REQUIRED_SECRETS}, set(REQUIRED_SECRETS))["pulumi-python"]
     assert set(recorded) == set(REQUIRED_SECRETS) and all(v == {"secret": "x"} for v in recorded.values())

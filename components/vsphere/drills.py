@@ -1,4 +1,4 @@
-"""What a failure drill (components/drills) reads from vCenter."""
+"""What a failure drill (components/tools/drills) reads from vCenter."""
 
 from __future__ import annotations
 

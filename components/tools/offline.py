@@ -31,7 +31,7 @@ from pulumi.runtime.mocks import MockMonitor
 
 from components.ssh_keys import RENDER_PLACEHOLDER_MARK
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "labs-k8s"
 SECRET_MARK = "[secret]"
 
@@ -248,7 +248,7 @@ class LabMocks(pulumi.runtime.Mocks):
         self.vip = vip
         self.calls: list[tuple[str, dict[str, Any]]] = []
         # (type, name) -> outputs: resources the engine would leave as they are (a "same" step
-        # keeps the outputs in the state, whatever the new inputs), see components/changes.py.
+        # keeps the outputs in the state, whatever the new inputs), see components/tools/changes.py.
         self.kept = dict(kept or {})
         # The stack's last deployment as {urn: {type, outputs}} (OfflineRun.previous_state of an
         # earlier run; {} a deployment without resources), or None: a stack with no deployment at
@@ -630,7 +630,7 @@ def run_document(run: OfflineRun, key: bytes) -> dict[str, Any]:
 
 
 def run_from_document(document: Mapping[str, Any]) -> OfflineRun:
-    """The OfflineRun a run document describes, for components.changes. `plain_inputs` and
+    """The OfflineRun a run document describes, for components.tools.changes. `plain_inputs` and
     `plain_outputs` hold the secrets' fingerprints (equal fingerprints, equal values); `inputs` and
     `outputs` show them as "[secret]", as everywhere else; `wire_inputs` holds only `__provider`."""
     if document.get("format") != RUN_DOCUMENT_FORMAT:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from components.drills.cluster import DRAIN_FLAGS, EVICTION_TOLERATION_S, TEST_DEPLOYMENT
-from components.drills.engine import Drill, DrillFailed, Limits
-from components.drills.inputs import NodeInfo
+from components.tools.drills.cluster import DRAIN_FLAGS, EVICTION_TOLERATION_S, TEST_DEPLOYMENT
+from components.tools.drills.engine import Drill, DrillFailed, Limits
+from components.tools.drills.inputs import NodeInfo
 
 
 def _names(nodes: Sequence[NodeInfo]) -> str:

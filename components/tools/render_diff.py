@@ -7,7 +7,7 @@ interpreter whose installed packages match that side's requirements.txt. Nothing
 or to the network (except pip, when a side pins other packages than this interpreter has).
 
 The report has a resource summary and a unified diff of every rendered file, per host. The
-summary is components.changes (the model the runbook's change table comes from) applied to the
+summary is components.tools.changes (the model the runbook's change table comes from) applied to the
 runs both sides recorded, run by this process (the working tree's code). Secrets stay `[secret]`:
 the files' generated-secret placeholders are shown as `[secret]`, and resources' secret inputs are
 compared through HMACs under a key made for this run and never written out.
@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components import changes
-from components.artifacts import SECRET_PLACEHOLDERS
-from components.offline import SECRET_MARK, OfflineRun, Registration, run_from_document
+from components.tools import changes
+from components.tools.artifacts import SECRET_PLACEHOLDERS
+from components.tools.offline import SECRET_MARK, OfflineRun, Registration, run_from_document
 
 REPORT_FORMAT = 1
 WORKING_TREE = "working tree"
@@ -79,7 +79,7 @@ class FileChange:
 
 @dataclass
 class ResourceChange:
-    """One resource's effect, as components.changes computes it from the two runs."""
+    """One resource's effect, as components.tools.changes computes it from the two runs."""
 
     step: int  # when, in the order pulumi up runs them
     kind: str  # what happens at that step: "update", "replace", "update, power-cycles", ...
@@ -303,7 +303,7 @@ def _secret_inputs(registration: Registration | None, names: Iterable[str]) -> l
 
 
 def resource_changes(base_render: Path, head_render: Path, base: Side, head: Side) -> list[ResourceChange] | None:
-    """Each resource's effect, from the runs both sides recorded (components.changes decides it)."""
+    """Each resource's effect, from the runs both sides recorded (components.tools.changes decides it)."""
     runs = []
     for side, render_dir in ((base, base_render), (head, head_render)):
         if not side.stack_file:

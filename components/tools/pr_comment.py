@@ -5,11 +5,11 @@ Standard library only, and importing nothing else of this package: the workflow 
 (.github/workflows/render-diff-comment.yml) runs the default branch's copy of this file with the
 runner's python3, and treats the pull request's report as data.
 
-  python3 -m components.pr_comment build --report report.json [--full-diff-url URL] [--out comment.md]
-  python3 -m components.pr_comment post --repo OWNER/NAME --pull-request-file pull-request.json \\
+  python3 -m components.tools.pr_comment build --report report.json [--full-diff-url URL] [--out comment.md]
+  python3 -m components.tools.pr_comment post --repo OWNER/NAME --pull-request-file pull-request.json \\
       --head-sha SHA --head-repo OWNER/NAME --body-file comment.md [--marker preview]
       (GITHUB_TOKEN from the environment)
-  python3 -m components.pr_comment preview --text preview.txt [--run-url URL] [--out comment.md]
+  python3 -m components.tools.pr_comment preview --text preview.txt [--run-url URL] [--out comment.md]
 
 `preview` makes the vCenter preview job's comment (.github/workflows/preview.yml) from the text of
 `pulumi preview --diff`: that job runs the CLI itself rather than pulumi/actions, which reads every
@@ -294,7 +294,7 @@ def post_comment(api: str, repo: str, token: str, number: int, body: str, head_s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m components.pr_comment", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python3 -m components.tools.pr_comment", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="write the comment's markdown from a `diff --json` report")
     build.add_argument("--report", type=Path, required=True)

@@ -11,9 +11,9 @@ from typing import Any
 
 import pulumi
 
-from components.artifacts import PLACEHOLDERS, host_artifacts
 from components.config import LabConfigError
-from components.offline import (
+from components.tools.artifacts import PLACEHOLDERS, host_artifacts
+from components.tools.offline import (
     OfflineRun,
     Registration,
     StackFileError,

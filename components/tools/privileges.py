@@ -242,7 +242,7 @@ API_CALLS: tuple[ApiCall, ...] = (
             f"destroy_vm(): template delete, leftover builder VM; {_API}: Destroy_Task on a VM needs "
             "VirtualMachine.Inventory.Delete"),
     ApiCall("drills", "vim.VirtualMachine.PowerOnVM_Task (drills)", ("VirtualMachine.Interact.PowerOn",), "up",
-            "components/drills: a drill powers a node back on"),
+            "components/tools/drills: a drill powers a node back on"),
     # ------------------------------------------------------------------ the vSphere provider
     ApiCall("provider: configure", "vim.SessionManager.Login + vAPI session + pbm.NewClient", ("System.Anonymous",),
             "preview", f"{_TF} vsphere/config.go Client(): SOAP login, REST session (tags), PBM client"),
@@ -401,7 +401,7 @@ def render_govc(placement: Mapping[str, str] | None = None, phase: Phase = "up",
 
 def placement_of_stack(stack: str) -> tuple[dict[str, str], str | None]:
     """The stack file's labs-k8s:vsphere placement and vsphere:user (or VSPHERE_USER), read offline."""
-    from components.offline import read_stack_file
+    from components.tools.offline import read_stack_file
 
     config = read_stack_file(stack).get("config") or {}
     placement = dict(PLACEHOLDER_PLACEMENT)
@@ -439,7 +439,7 @@ def write_docs(path: Path) -> None:
 
 def cli(stack: str | None, phase: Phase, principal: str | None, write: bool = False) -> int:
     """`python -m components privileges`: the govc snippet, for the runbook or for one stack."""
-    from components.offline import REPO_ROOT, StackFileError
+    from components.tools.offline import REPO_ROOT, StackFileError
 
     if write:
         write_docs(REPO_ROOT / "docs" / "runbook.md")

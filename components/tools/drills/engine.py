@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from components.drills.cluster import Cluster, ClusterError, EtcdStatus
-from components.drills.inputs import DrillInputs, NodeInfo
-from components.drills.vcenter import VCenterMachines
+from components.tools.drills.cluster import Cluster, ClusterError, EtcdStatus
+from components.tools.drills.inputs import DrillInputs, NodeInfo
+from components.tools.drills.vcenter import VCenterMachines
 from components.vsphere import VSphereError
 
 EXIT_PASS = 0

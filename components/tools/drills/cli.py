@@ -28,10 +28,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def _dry_run(scenario: str, stack: str, node: str | None) -> int:
     from components.config import LabConfigError
-    from components.drills.engine import Limits
-    from components.drills.inputs import NodeInfo
-    from components.drills.scenarios import SCENARIOS, plan_text
-    from components.offline import lab_config_from_stack
+    from components.tools.drills.engine import Limits
+    from components.tools.drills.inputs import NodeInfo
+    from components.tools.drills.scenarios import SCENARIOS, plan_text
+    from components.tools.offline import lab_config_from_stack
 
     try:
         lab = lab_config_from_stack(stack)
@@ -55,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
         return _dry_run(args.scenario, args.stack, args.node)
 
     from components import vsphere as vs
-    from components.drills.cluster import KubectlCluster
-    from components.drills.inputs import InputsError, load_inputs
-    from components.drills.scenarios import SCENARIOS
-    from components.drills.vcenter import VCenterMachines
+    from components.tools.drills.cluster import KubectlCluster
+    from components.tools.drills.inputs import InputsError, load_inputs
+    from components.tools.drills.scenarios import SCENARIOS
+    from components.tools.drills.vcenter import VCenterMachines
 
     try:
         inputs = load_inputs(args.stack)

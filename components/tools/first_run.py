@@ -37,7 +37,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from components.config import NAMESPACE, LabConfigError, load_lab_config
-from components.offline import (
+from components.previous_state import INITIAL_DEPLOYMENT_OUTPUT
+from components.stack_config import SSH_PRIVATE_KEY, provider_bool
+from components.tools.offline import (
     PLACEHOLDER_PUBLIC_KEY,
     PROJECT,
     REPO_ROOT,
@@ -45,8 +47,6 @@ from components.offline import (
     read_stack_file,
     stack_file_path,
 )
-from components.previous_state import INITIAL_DEPLOYMENT_OUTPUT
-from components.stack_config import SSH_PRIVATE_KEY, provider_bool
 
 INSTALL_URL = "https://www.pulumi.com/docs/iac/download-install/"
 INSTALL_COMMAND = "curl -fsSL https://get.pulumi.com | sh"
@@ -265,7 +265,7 @@ def initial_deployment(stack: str, now: datetime | None = None) -> dict[str, Any
             "urn": f"urn:pulumi:{name}::{PROJECT}::pulumi:pulumi:Stack::{PROJECT}-{name}",
             "custom": False,
             "type": "pulumi:pulumi:Stack",
-            "outputs": {INITIAL_DEPLOYMENT_OUTPUT: "make up (components/first_run.py)"},
+            "outputs": {INITIAL_DEPLOYMENT_OUTPUT: "make up (components/tools/first_run.py)"},
         }],
     }}
 

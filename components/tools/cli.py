@@ -1,0 +1,93 @@
+"""The labs-k8s command line.
+
+`python -m components render [--stack labs] --out DIR`: what `pulumi up` would do, offline. Runs
+the real program under Pulumi's mock engine (no vCenter, no network, no Pulumi CLI) and writes
+plan.json, graph.mmd and every file pushed to a machine, one folder per host.
+
+`python -m components diff [--stack labs] --against REF [--json FILE]`: the resources and rendered
+files that change between REF and the working tree, each rendered offline by its own code
+(docs/pull-requests.md). Exit status 0 whether or not anything changed.
+
+`python -m components drill <scenario> [--stack labs] [--dry-run]`: a failure drill against the
+live lab (components/tools/drills, docs/drills.md).
+
+`python -m components privileges [--stack labs] [--phase up|preview]`: the govc commands that
+create the vCenter roles this project needs (docs/runbook.md, "vCenter privileges").
+
+`python -m components check --stack STACK --for up|preview|destroy`: what `make up`, `make preview`
+and `make destroy` run before the Pulumi CLI: the CLI, the login, the stack and its settings.
+
+They run with the project's virtualenv (`make venv`: .venv/bin/python -m components ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+# What every subcommand imports; the system's python3 has none of them.
+PINNED_PACKAGES = ("pulumi", "pydantic", "yaml", "pyVmomi")
+
+
+def require_project_virtualenv() -> None:
+    """Exit with the command to use when this Python lacks the pinned packages (not the project's .venv)."""
+    missing = [name for name in PINNED_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        sys.exit(
+            f"python -m components: {sys.executable} does not have this project's packages "
+            f"({', '.join(missing)} missing). Run it with the project's virtualenv, which `make up` creates "
+            "(or `make venv` alone):\n"
+            "  .venv/bin/python -m components ...    or first:  . .venv/bin/activate"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    require_project_virtualenv()
+    from components.tools.drills import cli as drill_cli
+    from components.tools.render import render
+
+    parser = argparse.ArgumentParser(prog="python -m components", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    render_parser = commands.add_parser("render", help="write plan.json, graph.mmd and every pushed file")
+    render_parser.add_argument("--stack", default="labs", help="stack whose Pulumi.<stack>.yaml to read")
+    render_parser.add_argument("--out", type=Path, required=True, help="output folder (created)")
+    render_parser.add_argument("--fingerprint-key", type=Path, metavar="FILE",
+                               help="also write run.json, secrets as HMACs under the key in FILE (for diff)")
+    diff_parser = commands.add_parser("diff", help="what changes between a git ref and the working tree, offline")
+    diff_parser.add_argument("--stack", default="labs", help="stack whose Pulumi.<stack>.yaml to render")
+    diff_parser.add_argument("--against", required=True, metavar="REF", help="git ref to compare with (the base)")
+    diff_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (the PR comment)")
+    drill_cli.add_parser(commands)
+    privileges_parser = commands.add_parser("privileges", help="govc commands creating the vCenter roles")
+    privileges_parser.add_argument("--stack", help="fill in this stack's datacenter, folder, ... (default: variables)")
+    privileges_parser.add_argument("--phase", choices=("up", "preview"), default="up",
+                                   help="up: every role; preview: the read-only role pulumi preview needs")
+    privileges_parser.add_argument("--principal", help="the vCenter user or group (default: the stack's vsphere:user)")
+    privileges_parser.add_argument("--write-docs", action="store_true", help="rewrite docs/runbook.md's blocks")
+    check_parser = commands.add_parser("check", help="before make up/preview/destroy: CLI, login, stack, settings")
+    check_parser.add_argument("--stack", required=True, help="the stack make up/preview/destroy were given (STACK)")
+    check_parser.add_argument("--for", dest="purpose", choices=("up", "preview", "destroy"), required=True)
+    args = parser.parse_args(argv)
+    if args.command == "render":
+        return render(args.stack, args.out, args.fingerprint_key)
+    if args.command == "diff":
+        from components.tools.render_diff import diff
+
+        return diff(args.stack, args.against, args.json)
+    if args.command == "privileges":
+        from components.tools import privileges
+
+        return privileges.cli(args.stack, args.phase, args.principal, write=args.write_docs)
+    if args.command == "check":
+        from components.tools import first_run
+
+        return first_run.check(args.stack, args.purpose)
+    if args.command == "drill":
+        return drill_cli.run(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
