@@ -72,11 +72,11 @@ class KubeadmCluster(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("labs-k8s:k8s:KubeadmCluster", name, None, opts)
-        # The steps that carry the token or the certificate key are sealed to these (remote.run_step).
+        # The steps that carry the token or the certificate key are sealed to these (remote.RemoteSteps).
         self._node_keys = node_keys
+        self._steps = steps.RemoteSteps(lab, private_key, self, node_keys)
         child = pulumi.ResourceOptions(parent=self)
         self._lab = lab
-        self._private_key = private_key
         self._previous = previous or PreviousState(available=False)
 
         # Generated once per stack, kept in state as secrets. Token: [a-z0-9]{6}.[a-z0-9]{16}.
@@ -96,28 +96,30 @@ class KubeadmCluster(pulumi.ComponentResource):
         self.first_control_plane = first
 
         self.prepared: dict[str, remote.Command] = {
-            node.name: self._step(
+            node.name: self._steps.on_node(
                 k8s_rendering.prepare_step_name(node),
                 node,
-                files=lambda node=node: k8s_rendering.prepare_files(lab, node),
-                entrypoint=k8s_rendering.PREPARE_ENTRYPOINT,
-                depends_on=[ready[node.name]],
+                steps.Script(
+                    lambda node=node: k8s_rendering.prepare_files(lab, node), k8s_rendering.PREPARE_ENTRYPOINT
+                ),
+                after=[ready[node.name]],
                 timeout="40m",
             )
             for node in lab.kubernetes_nodes
         }
 
-        self.init = self._step(
+        self.init = self._steps.on_node(
             f"{first.name}-kubeadm-init",
             first,
-            files=lambda token, key: k8s_rendering.init_files(lab, token, key),
-            entrypoint=k8s_rendering.INIT_ENTRYPOINT,
-            secrets=[self.token, self.certificate_key],
-            depends_on=[self.prepared[first.name]],
+            steps.Script(
+                lambda token, key: k8s_rendering.init_files(lab, token, key),
+                k8s_rendering.INIT_ENTRYPOINT,
+                secrets=[self.token, self.certificate_key],
+            ),
+            after=[self.prepared[first.name]],
             # The VIP must answer before init (controlPlaneEndpoint points there), but a balancer's
             # re-run (a new HAProxy config) is no reason to re-run init and everything after it.
             order_after=balancers_ready,
-            handles_secrets=True,
         )
 
         # The upgrade chain is serialized unless the last deployment proves every node at the version.
@@ -152,19 +154,16 @@ class KubeadmCluster(pulumi.ComponentResource):
             self._refresh_and_join(node, after=self.init, leave=leave, order_after=order)
         self._upgrade_workers()
 
-        self.flannel = self._cluster_step(
+        self.flannel = self._steps.through_vip(
             "flannel",
-            files=lambda: k8s_rendering.flannel_files(lab),
-            entrypoint=k8s_rendering.FLANNEL_ENTRYPOINT,
-            depends_on=[],
+            steps.Script(lambda: k8s_rendering.flannel_files(lab), k8s_rendering.FLANNEL_ENTRYPOINT),
             order_after=[self.init],
         )
 
-        self.verify = self._cluster_step(
+        self.verify = self._steps.through_vip(
             "verify-cluster",
-            files=lambda: k8s_rendering.verify_files(lab),
-            entrypoint=k8s_rendering.VERIFY_ENTRYPOINT,
-            depends_on=[*self.joins.values(), *self.upgrade_steps(), self.flannel],
+            steps.Script(lambda: k8s_rendering.verify_files(lab), k8s_rendering.VERIFY_ENTRYPOINT),
+            after=[*self.joins.values(), *self.upgrade_steps(), self.flannel],
             timeout="20m",
         )
 
@@ -173,19 +172,16 @@ class KubeadmCluster(pulumi.ComponentResource):
         renew = renewal_due(
             self._previous.stack_outputs.get("kubeconfigValidUntil"), k8s_rendering.KUBECONFIG_RENEW_BEFORE_DAYS
         )
-        self.kubeconfig_step = self._cluster_step(
+        self.kubeconfig_step = self._steps.through_vip(
             "kubeconfig",
-            files=lambda: k8s_rendering.kubeconfig_files(lab),
-            entrypoint=k8s_rendering.KUBECONFIG_ENTRYPOINT,
+            steps.Script(lambda: k8s_rendering.kubeconfig_files(lab), k8s_rendering.KUBECONFIG_ENTRYPOINT),
             # kubeadm renews admin.conf's certificate on every control plane it upgrades: a new version
             # re-exports the kubeconfig once the last control plane is done (the version trigger).
-            depends_on=[],
             order_after=[self.init, last_control_plane],
-            handles_secrets=True,
             # Exported only with its proof that a control plane printed it (a forged one would send
             # kubectl to another API server, trusting another CA).
-            authenticated=True,
-            extra_triggers=[
+            proven=True,
+            rerun_with=[
                 self._previous.next_generation("kubeconfig", "kubeconfig-renewal", renew),
                 f"kubernetes:{lab.kubernetes.version}",
             ],
@@ -199,24 +195,17 @@ class KubeadmCluster(pulumi.ComponentResource):
         # teardown in the cluster, so the leave guards drain and remove nothing. Never replaced (a
         # replacement would run its delete during an ordinary `up`); a new script is an update.
         # Bounded like every step: with no healthy control plane it fails within minutes.
-        self.teardown_guard = steps.run_step(
+        self.teardown_guard = self._steps.guard(
             "teardown-guard",
-            lab=lab,
-            node=None,
-            private_key=private_key,
-            files=lambda: k8s_rendering.teardown_guard_files(),
-            entrypoint=k8s_rendering.TEARDOWN_ENTRYPOINT,
-            parent=self,
-            depends_on=[self.init, *self.leaves.values()],
-            rerun_on_change=False,
-            create_args=("clear",),
-            delete_args=("set",),
-            triggers=[],
+            steps.Script(lambda: k8s_rendering.teardown_guard_files(), k8s_rendering.TEARDOWN_ENTRYPOINT),
+            after=[self.init, *self.leaves.values()],
+            replaced_with=[],
+            # If it is ever replaced (a guard deletes first): mark, then clear; never clear, then mark.
+            on_create=("clear",),
+            on_delete=("set",),
             timeout="5m",
             # The first thing `pulumi destroy` deletes: it gives up within minutes.
             delete_timeout="5m",
-            # If it is ever replaced, mark then clear (delete first), never clear then mark.
-            delete_before_replace=True,
         )
         self.register_outputs({"kubeconfig": self.kubeconfig})
 
@@ -225,45 +214,6 @@ class KubeadmCluster(pulumi.ComponentResource):
         if self._node_keys is None:
             raise ValueError("the cluster needs the fleet's node keys")
         return self._node_keys[self._lab.control_planes[0].name]
-
-    def _step(
-        self,
-        resource_name: str,
-        node: Node | None,
-        *,
-        files: object,
-        entrypoint: str,
-        depends_on: Sequence[pulumi.Resource],
-        secrets: Sequence[pulumi.Input[str]] = (),
-        args: Sequence[pulumi.Input[str]] = (),
-        handles_secrets: bool = False,
-        timeout: str = "30m",
-        extra_triggers: Sequence[pulumi.Input[str]] = (),
-        order_after: Sequence[pulumi.Resource] = (),
-        authenticated: bool = False,
-    ) -> remote.Command:
-        return steps.run_step(
-            resource_name,
-            lab=self._lab,
-            node=node,
-            private_key=self._private_key,
-            files=files,  # type: ignore[arg-type]
-            entrypoint=entrypoint,
-            secrets=secrets,
-            args=args,
-            parent=self,
-            depends_on=depends_on,
-            handles_secrets=handles_secrets,
-            timeout=timeout,
-            extra_triggers=extra_triggers,
-            order_after=order_after,
-            node_keys=self._node_keys,
-            authenticated=authenticated,
-        )
-
-    def _cluster_step(self, step: str, **kwargs: object) -> remote.Command:
-        """A step on whichever control plane is healthy (through the VIP's SSH port)."""
-        return self._step(step, None, **kwargs)  # type: ignore[arg-type]
 
     def _refresh_and_join(
         self, node: Node, after: pulumi.Resource, leave: remote.Command, order_after: Sequence[pulumi.Resource] = ()
@@ -284,18 +234,15 @@ class KubeadmCluster(pulumi.ComponentResource):
         else:
             refresh_files = lambda token: k8s_rendering.refresh_files(lab, token, None, node)  # noqa: E731
             refresh_secrets = [self.token]
-        refresh = self._cluster_step(
+        refresh = self._steps.through_vip(
             refresh_name,
-            files=refresh_files,
-            entrypoint=k8s_rendering.REFRESH_ENTRYPOINT,
-            secrets=refresh_secrets,
-            depends_on=[self.prepared[node.name], leave],
-            handles_secrets=True,
-            authenticated=True,
-            extra_triggers=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
+            steps.Script(refresh_files, k8s_rendering.REFRESH_ENTRYPOINT, secrets=refresh_secrets),
+            after=[self.prepared[node.name], leave],
             # After the previous join (one control plane at a time); its re-run is no reason to
             # refresh again: this node's own steps and join attempts are.
             order_after=[after, *order_after],
+            proven=True,
+            rerun_with=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
         )
         self.refreshes[node.name] = refresh
         if node.role is Role.CONTROL_PLANE:
@@ -306,49 +253,35 @@ class KubeadmCluster(pulumi.ComponentResource):
             files = lambda token: k8s_rendering.worker_join_files(lab, node, token)  # noqa: E731
             secrets = [self.token]
             entrypoint = k8s_rendering.WORKER_JOIN_ENTRYPOINT
-        join = steps.run_step(
+        join = self._steps.on_node(
             join_name,
-            lab=lab,
-            node=node,
-            private_key=self._private_key,
-            files=files,
-            entrypoint=entrypoint,
-            secrets=secrets,
-            # The CA hash the join pins: used only with its proof that a control plane printed it.
-            args=[steps.proven_stdout(refresh, self._node_key_of_a_control_plane()).apply(str.strip)],
-            parent=self,
-            depends_on=[self.prepared[node.name], refresh, leave],
+            node,
+            steps.Script(
+                files,
+                entrypoint,
+                secrets=secrets,
+                # The CA hash the join pins: used only with its proof that a control plane printed it.
+                args=[steps.proven_stdout(refresh, self._node_key_of_a_control_plane()).apply(str.strip)],
+            ),
+            after=[self.prepared[node.name], refresh, leave],
             # stdout ("joined") stays readable in the state: the next `up` tells a finished join by it.
-            handles_secrets=True,
-            plain_stdout=True,
-            node_keys=self._node_keys,
+            readable_stdout=True,
         )
         self.joins[node.name] = join
         return join
-
-    def _upgrade_step(self, resource_name: str, node: Node | None, **kwargs: object) -> remote.Command:
-        """An upgrade step: re-run when its own bundle changes (the version is in it), never because an
-        upstream step or VM was replaced (a node that is new or replaced is at the version already)."""
-        return steps.run_step(
-            resource_name,
-            lab=self._lab,
-            node=node,
-            private_key=self._private_key,
-            parent=self,
-            upstream_triggers=False,
-            **kwargs,  # type: ignore[arg-type]
-        )
 
     def _upgrade_control_plane(self, node: Node, after: pulumi.Resource) -> remote.Command:
         """upgrade-control-plane.sh on `node` (the first: `kubeadm upgrade apply`; the others: `upgrade
         node`), after its join; one control plane at a time when the chain is serialized."""
         lab = self._lab
-        step = self._upgrade_step(
+        step = self._steps.upgrade(
             f"{node.name}-upgrade",
             node,
-            files=lambda: k8s_rendering.upgrade_control_plane_files(lab, node),
-            entrypoint=k8s_rendering.UPGRADE_CONTROL_PLANE_ENTRYPOINT,
-            depends_on=[after],
+            steps.Script(
+                lambda: k8s_rendering.upgrade_control_plane_files(lab, node),
+                k8s_rendering.UPGRADE_CONTROL_PLANE_ENTRYPOINT,
+            ),
+            after=[after],
             timeout="60m",  # apply: 4 components x 5 min at worst, the drain, the kubelet, the 15 min check
         )
         self.upgrades[node.name] = [step]
@@ -364,13 +297,15 @@ class KubeadmCluster(pulumi.ComponentResource):
         lab = self._lab
 
         def cordon_step(node: Node, action: str, depends_on: list[pulumi.Resource]) -> remote.Command:
-            return self._upgrade_step(
+            return self._steps.upgrade(
                 f"{node.name}-upgrade-{action}",
                 None,
-                files=lambda: k8s_rendering.upgrade_drain_files(lab, node),
-                entrypoint=k8s_rendering.UPGRADE_DRAIN_ENTRYPOINT,
-                args=list(k8s_rendering.upgrade_drain_args(action)),  # type: ignore[arg-type]
-                depends_on=depends_on,
+                steps.Script(
+                    lambda: k8s_rendering.upgrade_drain_files(lab, node),
+                    k8s_rendering.UPGRADE_DRAIN_ENTRYPOINT,
+                    args=list(k8s_rendering.upgrade_drain_args(action)),
+                ),
+                after=depends_on,
                 timeout="15m",
             )
 
@@ -380,12 +315,14 @@ class KubeadmCluster(pulumi.ComponentResource):
                 continue
             lane = [self.upgrades[name][-1] for name in item.after] if self.rolling else []
             drain = cordon_step(node, "drain", [self.joins[node.name], *lane])
-            upgrade = self._upgrade_step(
+            upgrade = self._steps.upgrade(
                 f"{node.name}-upgrade",
                 node,
-                files=lambda node=node: k8s_rendering.upgrade_worker_files(lab, node),
-                entrypoint=k8s_rendering.UPGRADE_WORKER_ENTRYPOINT,
-                depends_on=[drain],
+                steps.Script(
+                    lambda node=node: k8s_rendering.upgrade_worker_files(lab, node),
+                    k8s_rendering.UPGRADE_WORKER_ENTRYPOINT,
+                ),
+                after=[drain],
                 timeout="30m",
             )
             self.upgrades[node.name] = [drain, upgrade, cordon_step(node, "uncordon", [upgrade])]
@@ -396,19 +333,11 @@ class KubeadmCluster(pulumi.ComponentResource):
         """The step whose delete makes `node` leave the cluster (leave-cluster.sh) before its VM
         goes. Replaced only when the VM is (triggers: the VM's id), deleted before the new one is
         created; its bundle carries the script, so the delete works on any control plane."""
-        step = steps.run_step(
+        step = self._steps.guard(
             f"{node.name}-leave-cluster",
-            lab=self._lab,
-            node=None,
-            private_key=self._private_key,
-            files=lambda: k8s_rendering.leave_files(node),
-            entrypoint=k8s_rendering.LEAVE_ENTRYPOINT,
-            parent=self,
-            depends_on=[vm, *after],
-            rerun_on_change=False,
-            delete_args=(),
-            triggers=[vm.id],
-            delete_before_replace=True,
+            steps.Script(lambda: k8s_rendering.leave_files(node), k8s_rendering.LEAVE_ENTRYPOINT),
+            after=[vm, *after],
+            replaced_with=[vm.id],
         )
         self.leaves[node.name] = step
         return step

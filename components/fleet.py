@@ -168,6 +168,7 @@ class NodeFleet(pulumi.ComponentResource):
         wait_script = read_file("fleet/wait-for-cloud-init.sh")
         boot_dials = steps.dial_budget_seconds(steps.BOOT_DIAL_ATTEMPTS)
         self.settings: dict[str, remote.Command] = {}
+        remote_steps = steps.RemoteSteps(lab, private_key, self)
         self.node_keys = {}
         for node in lab.all_nodes:
             identity = node_rendering.instance_id(lab, node)
@@ -189,32 +190,30 @@ class NodeFleet(pulumi.ComponentResource):
                 lab, node, source, identity, pool_id, datastore.id, network.id, self.node_keys[node.name]
             )
             self.vms[node.name] = vm
-            self.ready[node.name] = steps.run_step(
+            self.ready[node.name] = remote_steps.on_node(
                 f"{node.name}-ready",
-                lab=lab,
-                node=node,
-                private_key=private_key,
-                files=lambda: {"wait-for-cloud-init.sh": wait_script},
-                entrypoint="wait-for-cloud-init.sh",
-                args=(str(READINESS_TIMEOUT_SECONDS), node.name),
-                parent=self,
+                node,
+                steps.Script(
+                    lambda: {"wait-for-cloud-init.sh": wait_script},
+                    "wait-for-cloud-init.sh",
+                    args=(str(READINESS_TIMEOUT_SECONDS), node.name),
+                ),
                 # The host is the static IP from config, not a VM output, so order explicitly.
-                depends_on=[vm],
+                after=[vm],
                 dial_attempts=steps.BOOT_DIAL_ATTEMPTS,
                 timeout=f"{(READINESS_TIMEOUT_SECONDS + boot_dials) // 60 + 5}m",
             )
             # What changes without a new VM (SSH keys, NTP, DNS, apt proxy) reaches the running
             # node here. Nothing depends on it: re-running it re-runs nothing else.
-            self.settings[node.name] = steps.run_step(
+            self.settings[node.name] = remote_steps.on_node(
                 f"{node.name}-node-settings",
-                lab=lab,
-                node=node,
-                private_key=private_key,
-                files=lambda node=node: node_rendering.node_settings_files(lab, node),
-                entrypoint=node_rendering.SETTINGS_ENTRYPOINT,
-                args=(lab.ssh.user, node_rendering.interface_name(lab)),
-                parent=self,
-                depends_on=[self.ready[node.name]],
+                node,
+                steps.Script(
+                    lambda node=node: node_rendering.node_settings_files(lab, node),
+                    node_rendering.SETTINGS_ENTRYPOINT,
+                    args=(lab.ssh.user, node_rendering.interface_name(lab)),
+                ),
+                after=[self.ready[node.name]],
                 timeout="10m",
             )
 

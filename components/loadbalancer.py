@@ -39,19 +39,17 @@ class LoadBalancerPair(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.setups = {}
+        remote_steps = steps.RemoteSteps(lab, private_key, self, node_keys)
         for balancer in lab.balancers:
-            self.setups[balancer.name] = steps.run_step(
+            self.setups[balancer.name] = remote_steps.on_node(
                 f"{balancer.name}-lb-setup",
-                lab=lab,
-                node=balancer,
-                private_key=private_key,
-                files=lambda password, balancer=balancer: lb_rendering.balancer_files(lab, balancer, password),
-                entrypoint=lb_rendering.SETUP_SCRIPT,
-                secrets=[self.vrrp_password.result],
-                parent=self,
-                depends_on=[ready[balancer.name]],
-                handles_secrets=True,
-                node_keys=node_keys,
+                balancer,
+                steps.Script(
+                    lambda password, balancer=balancer: lb_rendering.balancer_files(lab, balancer, password),
+                    lb_rendering.SETUP_SCRIPT,
+                    secrets=[self.vrrp_password.result],
+                ),
+                after=[ready[balancer.name]],
             )
         self.endpoint = f"https://{lab.load_balancer.vip}:6443"
         self.register_outputs({"endpoint": self.endpoint})

@@ -11,6 +11,7 @@ import re
 import shlex
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -124,7 +125,7 @@ def cluster_connection(
     health check. Cluster-wide steps use it, so no single control plane is needed for them.
     pulumi-command does not pin host keys (ssh.InsecureIgnoreHostKey), so landing on another
     control plane than last time is not an error; a step with a secret is sealed to every control
-    plane's node key instead (run_step), so only a real control plane can run it."""
+    plane's node key instead (RemoteSteps), so only a real control plane can run it."""
     return remote.ConnectionArgs(
         host=str(lab.load_balancer.vip),
         port=CONTROL_PLANE_SSH_PORT,
@@ -135,140 +136,237 @@ def cluster_connection(
     )
 
 
-def run_step(
-    resource_name: str,
-    *,
-    lab: LabConfig,
-    node: Node | None,
-    private_key: pulumi.Input[str],
-    files: Callable[..., dict[str, str]],
-    entrypoint: str,
-    secrets: Sequence[pulumi.Input[str]] = (),
-    args: Sequence[pulumi.Input[str]] = (),
-    parent: pulumi.Resource,
-    depends_on: Sequence[pulumi.Resource] = (),
-    handles_secrets: bool = False,
-    delete: str | None = None,
-    timeout: str = "30m",
-    rerun_on_change: bool = True,
-    dial_attempts: int = STEP_DIAL_ATTEMPTS,
-    create_args: Sequence[str] = (),
-    delete_args: Sequence[str] | None = None,
-    triggers: Sequence[pulumi.Input[Any]] | None = None,
-    extra_triggers: Sequence[pulumi.Input[Any]] = (),
-    delete_before_replace: bool = False,
-    plain_stdout: bool = False,
-    delete_timeout: str = DELETE_TIMEOUT,
-    upstream_triggers: bool = True,
-    order_after: Sequence[pulumi.Resource] = (),
-    node_keys: Mapping[str, pulumi.Input[str]] | None = None,
-    authenticated: bool = False,
-) -> remote.Command:
-    """Register one remote step.
+@dataclass(frozen=True)
+class Script:
+    """What a step runs: `files(*secret values)` renders its files (scripts from `cloudinit/`, configs),
+    `entrypoint` is the one run, with `args`. Secret values reach `files` only inside an Output, so the
+    bundle (stdin) is a secret whenever a secret went into it."""
 
-    `files(*secret_values)` renders the step's files; secret values reach it only inside an
-    Output, so the bundle (stdin) is a secret whenever a secret went into it. The content hash
-    of the bundle is the trigger: a changed script or config re-runs the (idempotent) step.
-    A step that handles secrets also has its stdout/stderr secret and its logging off
+    files: Callable[..., dict[str, str]]
+    entrypoint: str
+    secrets: Sequence[pulumi.Input[str]] = ()
+    args: Sequence[pulumi.Input[str]] = ()
+
+
+class RemoteSteps:
+    """The remote steps of one layer, by kind. Each kind is a constructor taking only what that kind
+    uses; all of them register through `_register`, so no call site can combine options into a step
+    that no kind describes.
+
+    - `on_node`: converges one machine; re-runs when its bundle or that machine's earlier steps or VM
+      change (a replaced VM re-runs every step on it, in order).
+    - `through_vip`: the same, on whichever control plane is healthy (cluster_connection).
+    - `guard`: a step whose delete does the work (a node leaving the cluster, the teardown mark);
+      replaced only when what it guards is, never because its script changed.
+    - `upgrade`: re-runs when its own bundle (the version is in it) changes, never because something
+      before it was replaced: a new or replaced node is at the version already.
+
+    A step with secrets, or one whose answer must be proven, is sealed (rendering/sealed.py) to the
+    `node_keys` of the hosts meant to run it: its node, or every control plane for a step through the
+    VIP. pulumi-command checks no host key, so whatever host answers for the address gets the stdin;
+    only the VM holds its key. Such a step also has its stdout and stderr secret and its logging off
     (pulumi/pulumi-command#134, #260).
-
-    `node=None` runs the step on whichever control plane is healthy (cluster_connection).
-
-    `rerun_on_change=False` is for steps whose delete does real work (a node leaving the
-    cluster): the bundle (stdin) is then updated in place, never a reason to replace, and the
-    create is the no-op `create_args` run; `triggers` says exactly what replaces such a step
-    (its node's VM). `delete_args` makes the delete run the bundle too, with those arguments:
-    the delete carries its own script, so it works on whichever control plane it lands on.
-    `extra_triggers` are re-run reasons beyond content and upstream ids; `upstream_triggers=False`
-    leaves the upstream ids out (a step that is right to skip when only something before it was
-    replaced: the upgrade steps). `order_after` orders the step after those resources without making
-    their replacement a reason to re-run it: another machine's steps (a balancer's new HAProxy config
-    does not re-run `kubeadm init` and, through it, every later step), or ordering that exists only
-    during an upgrade. `plain_stdout` keeps a
-    secret-handling step's stdout (a status word) readable in the state; stderr stays secret.
-
-    A step with `secrets` is sealed (rendering/sealed.py) to the `node_keys` of the hosts meant to
-    run it: its node, or every control plane for a step through the VIP. pulumi-command checks no
-    host key, so whatever host answers for the address gets the stdin; only the VM holds its key.
-    `authenticated` seals it even without a secret and makes its answer (stdout) carry a proof
-    that such a host gave it: read it with `proven_stdout`, never `.stdout`.
     """
-    step_name = resource_name
-    recipients: list[str] = []
-    if secrets or authenticated:
-        if node_keys is None:
-            raise ValueError(f"{resource_name}: a sealed step needs the node keys to seal it to")
-        recipients = [node.name] if node is not None else [cp.name for cp in lab.control_planes]
-    key_values = [node_keys[name] for name in recipients] if node_keys is not None else []
 
-    def bundle(values: Sequence[Any]) -> str:
-        secret_values = values[: len(secrets)]
-        arg_values = tuple(str(v) for v in values[len(secrets) : len(secrets) + len(args)])
-        plain = step_bundle(step_name, files(*secret_values), entrypoint, arg_values)
-        if not recipients:
-            return plain
-        keys = values[len(secrets) + len(args) :]
-        return sealed.seal(
-            step_name, plain, dict(zip(recipients, (str(k) for k in keys), strict=True)), prove=authenticated
+    def __init__(
+        self,
+        lab: LabConfig,
+        private_key: pulumi.Input[str],
+        parent: pulumi.Resource,
+        node_keys: Mapping[str, pulumi.Input[str]] | None = None,
+    ) -> None:
+        self._lab = lab
+        self._private_key = private_key
+        self._parent = parent
+        self._node_keys = node_keys
+
+    def on_node(
+        self,
+        name: str,
+        node: Node,
+        script: Script,
+        *,
+        after: Sequence[pulumi.Resource],
+        order_after: Sequence[pulumi.Resource] = (),
+        timeout: str = "30m",
+        dial_attempts: int = STEP_DIAL_ATTEMPTS,
+        readable_stdout: bool = False,
+    ) -> remote.Command:
+        """A step on `node` after `after` (that machine's earlier steps and its VM: their ids are part
+        of the trigger). `order_after` only orders it: another machine's steps, whose re-run is no
+        reason to re-run this one (a balancer's new HAProxy config does not re-run `kubeadm init`).
+        `readable_stdout` keeps a secret step's stdout (a status word) readable in the state; stderr
+        stays secret. `dial_attempts`: BOOT_DIAL_ATTEMPTS for the first step after a clone's boot."""
+        return self._register(
+            _Step(name, script, node=node, depends_on=after, order_after=order_after, timeout=timeout,
+                  dial_attempts=dial_attempts, plain_stdout=readable_stdout)
         )
 
-    stdin: pulumi.Input[str]
-    stdin_hash: pulumi.Input[str]
-    if not recipients and all(isinstance(a, str) for a in args):
-        # Known now: no Output machinery (it dominates evaluation time for large labs).
-        stdin = bundle(list(args))
-        stdin_hash = content_hash(stdin)
-    else:
-        stdin = pulumi.Output.all(*secrets, *args, *key_values).apply(bundle)
-        if recipients:
-            stdin = pulumi.Output.secret(stdin)
-        stdin_hash = stdin.apply(content_hash)
-    # The identities of this machine's earlier steps and VM (`depends_on`, never `order_after`) are
-    # part of the trigger: a replaced VM re-runs every step on it, in order (each step is guarded,
-    # so re-running a done step is a no-op). Another machine's steps only order (`order_after`).
-    if triggers is None:
-        upstream_ids = (
-            [r.id for r in depends_on if isinstance(r, pulumi.CustomResource)]
-            if rerun_on_change and upstream_triggers else []
+    def through_vip(
+        self,
+        name: str,
+        script: Script,
+        *,
+        after: Sequence[pulumi.Resource] = (),
+        order_after: Sequence[pulumi.Resource] = (),
+        timeout: str = "30m",
+        proven: bool = False,
+        rerun_with: Sequence[pulumi.Input[str]] = (),
+    ) -> remote.Command:
+        """A cluster-wide step, on whichever control plane is healthy. `proven`: sealed even without a
+        secret, and its answer carries a proof that such a host gave it (read it with `proven_stdout`,
+        never `.stdout`). `rerun_with`: re-run reasons beyond its content and `after` (a join retried,
+        a kubeconfig renewal)."""
+        return self._register(
+            _Step(name, script, node=None, depends_on=after, order_after=order_after, timeout=timeout,
+                  authenticated=proven, extra_triggers=rerun_with)
         )
-        triggers = [stdin_hash, *upstream_ids, *extra_triggers] if rerun_on_change else []
-    options = pulumi.ResourceOptions(
-        parent=parent,
-        depends_on=[*depends_on, *order_after],
-        custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout, delete=delete_timeout),
-        additional_secret_outputs=(["stderr"] if plain_stdout else ["stdout", "stderr"]) if handles_secrets else None,
-        # pulumi-command replaces a Command when its triggers change (schema: triggers[*]); a step
-        # that is not re-run on change takes a new bundle as an in-place update of its stdin.
-        replace_on_changes=["triggers"],
-        delete_before_replace=delete_before_replace,
-        # No ignoreChanges on `connection`: pulumi-command replaces a Command only when `triggers`
-        # change (v1.2.1 provider/pkg/provider/common ResourceInputs; `connection` carries no
-        # replaceOnChanges), so an SSH key rotation is an in-place update that re-runs the no-op
-        # create and stores the new key, which a later delete (a node leaving) logs in with.
-    )
-    create = bounded_run(step_name, step_deadline_seconds(timeout, dial_attempts)) if rerun_on_change else "true"
-    if create_args:
-        create = bounded_run(step_name, step_deadline_seconds(timeout, dial_attempts), create_args)
-    if delete_args is not None:
-        delete = bounded_run(step_name, step_deadline_seconds(delete_timeout, dial_attempts), delete_args)
-    if node is None:
-        target = cluster_connection(lab, private_key, dial_attempts)
-    else:
-        target = connection(lab, node, private_key, dial_attempts)
-    step = command(
-        resource_name,
-        connection=target,
-        create=create,
-        stdin=stdin,
-        delete=delete,
-        triggers=list(triggers),
-        logging=remote.Logging.NONE if handles_secrets else remote.Logging.STDOUT_AND_STDERR,
-        opts=options,
-    )
-    # What was sent, for proven_stdout: the proof is checked against this bundle, not against the
-    # provider's echo of it.
-    _SENT[step] = stdin
-    return step
+
+    def guard(
+        self,
+        name: str,
+        script: Script,
+        *,
+        after: Sequence[pulumi.Resource],
+        replaced_with: Sequence[pulumi.Input[Any]],
+        on_create: Sequence[str] | None = None,
+        on_delete: Sequence[str] = (),
+        timeout: str = "30m",
+        delete_timeout: str = DELETE_TIMEOUT,
+    ) -> remote.Command:
+        """A step through the VIP whose delete runs its bundle with `on_delete` arguments; its create
+        is a no-op, or the bundle with `on_create` arguments. A new bundle is an in-place update of
+        its stdin, never a reason to replace it (a replacement would run the delete during an
+        ordinary `up`); `replaced_with` says exactly what replaces it (its node's VM id; nothing),
+        and a replacement deletes the old one first. The delete carries its own script, so it works
+        on whichever control plane it lands on."""
+        return self._register(
+            _Step(name, script, node=None, depends_on=after, timeout=timeout, delete_timeout=delete_timeout,
+                  rerun_on_change=False, create_args=tuple(on_create or ()), delete_args=tuple(on_delete),
+                  triggers=replaced_with, delete_before_replace=True)
+        )
+
+    def upgrade(
+        self, name: str, node: Node | None, script: Script, *, after: Sequence[pulumi.Resource], timeout: str
+    ) -> remote.Command:
+        """An upgrade step on `node` (None: through the VIP, a drain or an uncordon): re-run when its
+        own bundle changes, never because a step or VM before it was replaced."""
+        return self._register(
+            _Step(name, script, node=node, depends_on=after, timeout=timeout, upstream_triggers=False)
+        )
+
+    def _register(self, step: _Step) -> remote.Command:
+        """Register one remote step. The content hash of the bundle is the trigger: a changed script or
+        config re-runs the (idempotent) step."""
+        lab, script, resource_name = self._lab, step.script, step.name
+        secrets, args = script.secrets, script.args
+        authenticated = step.authenticated
+        handles_secrets = bool(secrets) or authenticated
+        recipients: list[str] = []
+        if secrets or authenticated:
+            if self._node_keys is None:
+                raise ValueError(f"{resource_name}: a sealed step needs the node keys to seal it to")
+            recipients = [step.node.name] if step.node is not None else [cp.name for cp in lab.control_planes]
+        key_values = [self._node_keys[name] for name in recipients] if self._node_keys is not None else []
+
+        def bundle(values: Sequence[Any]) -> str:
+            secret_values = values[: len(secrets)]
+            arg_values = tuple(str(v) for v in values[len(secrets) : len(secrets) + len(args)])
+            plain = step_bundle(resource_name, script.files(*secret_values), script.entrypoint, arg_values)
+            if not recipients:
+                return plain
+            keys = values[len(secrets) + len(args) :]
+            return sealed.seal(
+                resource_name, plain, dict(zip(recipients, (str(k) for k in keys), strict=True)), prove=authenticated
+            )
+
+        stdin: pulumi.Input[str]
+        stdin_hash: pulumi.Input[str]
+        if not recipients and all(isinstance(a, str) for a in args):
+            # Known now: no Output machinery (it dominates evaluation time for large labs).
+            stdin = bundle(list(args))
+            stdin_hash = content_hash(stdin)
+        else:
+            stdin = pulumi.Output.all(*secrets, *args, *key_values).apply(bundle)
+            if recipients:
+                stdin = pulumi.Output.secret(stdin)
+            stdin_hash = stdin.apply(content_hash)
+        # The identities of this machine's earlier steps and VM (`depends_on`, never `order_after`) are
+        # part of the trigger: a replaced VM re-runs every step on it, in order (each step is guarded,
+        # so re-running a done step is a no-op). Another machine's steps only order (`order_after`).
+        triggers = step.triggers
+        if triggers is None:
+            upstream_ids = (
+                [r.id for r in step.depends_on if isinstance(r, pulumi.CustomResource)]
+                if step.rerun_on_change and step.upstream_triggers else []
+            )
+            triggers = [stdin_hash, *upstream_ids, *step.extra_triggers] if step.rerun_on_change else []
+        options = pulumi.ResourceOptions(
+            parent=self._parent,
+            depends_on=[*step.depends_on, *step.order_after],
+            custom_timeouts=pulumi.CustomTimeouts(create=step.timeout, update=step.timeout, delete=step.delete_timeout),
+            additional_secret_outputs=(
+                (["stderr"] if step.plain_stdout else ["stdout", "stderr"]) if handles_secrets else None
+            ),
+            # pulumi-command replaces a Command when its triggers change (schema: triggers[*]); a step
+            # that is not re-run on change takes a new bundle as an in-place update of its stdin.
+            replace_on_changes=["triggers"],
+            delete_before_replace=step.delete_before_replace,
+            # No ignoreChanges on `connection`: pulumi-command replaces a Command only when `triggers`
+            # change (v1.2.1 provider/pkg/provider/common ResourceInputs; `connection` carries no
+            # replaceOnChanges), so an SSH key rotation is an in-place update that re-runs the no-op
+            # create and stores the new key, which a later delete (a node leaving) logs in with.
+        )
+        dials = step.dial_attempts
+        create = "true"
+        if step.rerun_on_change:
+            create = bounded_run(resource_name, step_deadline_seconds(step.timeout, dials))
+        if step.create_args:
+            create = bounded_run(resource_name, step_deadline_seconds(step.timeout, dials), step.create_args)
+        delete = None
+        if step.delete_args is not None:
+            delete = bounded_run(resource_name, step_deadline_seconds(step.delete_timeout, dials), step.delete_args)
+        if step.node is None:
+            target = cluster_connection(lab, self._private_key, dials)
+        else:
+            target = connection(lab, step.node, self._private_key, dials)
+        command_resource = command(
+            resource_name,
+            connection=target,
+            create=create,
+            stdin=stdin,
+            delete=delete,
+            triggers=list(triggers),
+            logging=remote.Logging.NONE if handles_secrets else remote.Logging.STDOUT_AND_STDERR,
+            opts=options,
+        )
+        # What was sent, for proven_stdout: the proof is checked against this bundle, not against the
+        # provider's echo of it.
+        _SENT[command_resource] = stdin
+        return command_resource
+
+
+@dataclass(frozen=True)
+class _Step:
+    """Everything `_register` can be told; only the kinds of RemoteSteps fill it in."""
+
+    name: str
+    script: Script
+    node: Node | None
+    depends_on: Sequence[pulumi.Resource]
+    timeout: str
+    order_after: Sequence[pulumi.Resource] = ()
+    dial_attempts: int = STEP_DIAL_ATTEMPTS
+    plain_stdout: bool = False
+    authenticated: bool = False
+    extra_triggers: Sequence[pulumi.Input[Any]] = ()
+    upstream_triggers: bool = True
+    rerun_on_change: bool = True
+    create_args: Sequence[str] = ()
+    delete_args: Sequence[str] | None = None
+    triggers: Sequence[pulumi.Input[Any]] | None = None
+    delete_before_replace: bool = False
+    delete_timeout: str = DELETE_TIMEOUT
 
 
 _SENT: weakref.WeakKeyDictionary[remote.Command, pulumi.Input[str]] = weakref.WeakKeyDictionary()

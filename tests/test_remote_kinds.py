@@ -1,0 +1,53 @@
+"""Remote steps by kind (components/remote.py): each kind a small constructor, the layers use only those."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from components import remote
+
+COMPONENTS = Path(remote.__file__).resolve().parent
+KINDS = ("on_node", "through_vip", "guard", "upgrade")
+MOST_ARGUMENTS = 8
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_takes_a_handful_of_arguments(kind: str) -> None:
+    parameters = [p for p in inspect.signature(getattr(remote.RemoteSteps, kind)).parameters if p != "self"]
+    assert len(parameters) <= MOST_ARGUMENTS, f"RemoteSteps.{kind} takes {len(parameters)}: {parameters}"
+
+
+def test_the_public_kinds_are_the_only_constructors() -> None:
+    public = {name for name, value in vars(remote.RemoteSteps).items()
+              if callable(value) and not name.startswith("_")}
+    assert public == set(KINDS)
+    assert not hasattr(remote, "run_step"), "the 22-argument run_step is gone"
+
+
+def _calls(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            found.append(ast.unparse(node.func))
+        if isinstance(node, ast.Attribute) and node.attr in {"_register", "_Step"}:
+            found.append(ast.unparse(node))
+    return found
+
+
+@pytest.mark.parametrize("layer", ["fleet.py", "loadbalancer.py", "cluster.py"])
+def test_the_layers_register_steps_only_through_a_kind(layer: str) -> None:
+    calls = _calls(COMPONENTS / layer)
+    assert any(call.endswith(("on_node", "through_vip", "guard", "upgrade")) for call in calls)
+    forbidden = [c for c in calls if c.endswith(("remote.Command", "steps.command", "_register", "_Step"))]
+    assert not forbidden, f"{layer} registers a step around the kinds: {forbidden}"
+
+
+def test_the_check_sees_a_step_registered_around_the_kinds(tmp_path: Path) -> None:
+    sneaky = tmp_path / "layer.py"
+    sneaky.write_text("steps.command('x', opts=None)\nself._steps._register(spec)\n")
+    assert [c for c in _calls(sneaky) if c.endswith(("steps.command", "_register"))] == [
+        "steps.command", "self._steps._register", "self._steps._register"]
