@@ -59,8 +59,11 @@ def main() -> int:
     if args.cold:
         with tempfile.TemporaryDirectory() as cache:
             cold_env = {**os.environ, "GOCACHE": cache}
-            out = Path(subprocess.run(["bash", str(BUILD_SCRIPT)], env=os.environ, check=True, capture_output=True,
-                                      text=True).stdout.split()[-1]).parent
+            out = Path(
+                subprocess.run(
+                    ["bash", str(BUILD_SCRIPT)], env=os.environ, check=True, capture_output=True, text=True
+                ).stdout.split()[-1]
+            ).parent
             shutil.rmtree(out)  # the cached binaries, so the build runs
             print(f"toolchain build, cold (empty Go build cache, modules downloaded): {timed_build(cold_env):.1f} s")
 
@@ -79,8 +82,7 @@ def main() -> int:
                     set_workers(lab.workspace / f"Pulumi.{lab.stack}.yaml", extra)
                 started = time.monotonic()
                 lab.engine("preview")
-                print(f"preview of a new stack, {label}, until the vsphere plugin: "
-                      f"{time.monotonic() - started:.1f} s")
+                print(f"preview of a new stack, {label}, until the vsphere plugin: {time.monotonic() - started:.1f} s")
                 if not extra:
                     started = time.monotonic()
                     up = lab.engine("up", program="template")

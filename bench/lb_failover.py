@@ -63,28 +63,41 @@ def _fmt_times(times: list[float]) -> str:
 
 
 def print_table(rows: list[Row], probe_interval: float) -> None:
-    headers = ["scenario", "runs", "VIP answers again, s (min/med/max)", "failed requests",
-               "VRRP bound, s", "goal", "VIP on both", "failback failed", "verdict"]
+    headers = [
+        "scenario",
+        "runs",
+        "VIP answers again, s (min/med/max)",
+        "failed requests",
+        "VRRP bound, s",
+        "goal",
+        "VIP on both",
+        "failback failed",
+        "verdict",
+    ]
     table = [headers]
     for row in rows:
-        table.append([
-            row.name,
-            str(len(row.results)),
-            _fmt_times(row.times()),
-            " ".join(str(r.failed) for r in row.results),
-            "-" if row.bound is None else f"{row.bound:.2f}",
-            row.goal,
-            " ".join(str(r.dual_vip_samples) for r in row.results),
-            " ".join("-" if r.failback_failed is None else str(r.failback_failed) for r in row.results),
-            row.verdict(),
-        ])
+        table.append(
+            [
+                row.name,
+                str(len(row.results)),
+                _fmt_times(row.times()),
+                " ".join(str(r.failed) for r in row.results),
+                "-" if row.bound is None else f"{row.bound:.2f}",
+                row.goal,
+                " ".join(str(r.dual_vip_samples) for r in row.results),
+                " ".join("-" if r.failback_failed is None else str(r.failback_failed) for r in row.results),
+                row.verdict(),
+            ]
+        )
     widths = [max(len(line[i]) for line in table) for i in range(len(headers))]
     for index, line in enumerate(table):
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
         if index == 0:
             print("  ".join("-" * width for width in widths))
-    print(f"\nclient: TLS GET /healthz through the VIP every {probe_interval * 1000:.0f} ms, 1 s timeout; "
-          "'failed requests' and 'VIP on both' are per run.")
+    print(
+        f"\nclient: TLS GET /healthz through the VIP every {probe_interval * 1000:.0f} ms, 1 s timeout; "
+        "'failed requests' and 'VIP on both' are per run."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         "link": Row("lb1 link down (lost)", vrrp, "<= 3.7 s"),
         "apiserver": Row("apiserver m01 stopped (SIGTERM)", None, "0 failed"),
         "apiserver-kill": Row("apiserver m01 killed (SIGKILL)", None, "0 failed"),
-        "weight": Row(f"HAProxy killed on lb1, weight {WEIGHT} instead of FAULT",
-                      lb.CHECK_FALL * lb.CHECK_INTERVAL_SECONDS + vrrp, "<= 2.5 s"),
+        "weight": Row(
+            f"HAProxy killed on lb1, weight {WEIGHT} instead of FAULT",
+            lb.CHECK_FALL * lb.CHECK_INTERVAL_SECONDS + vrrp,
+            "<= 2.5 s",
+        ),
     }
     notes: list[str] = []
     started = time.monotonic()
@@ -118,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             rows["haproxy"].results.append(netns_lab.scenario_haproxy_dead(lab))
             frozen = netns_lab.scenario_frozen(lab)
             rows["frozen"].results.append(frozen)
-            notes.append(f"frozen: VIP still configured on the frozen lb1 in {frozen.frozen_dual_samples} samples, "
-                         f"cleared {frozen.observed.get('stale_vip_after_thaw_s')} s after the thaw")
+            notes.append(
+                f"frozen: VIP still configured on the frozen lb1 in {frozen.frozen_dual_samples} samples, "
+                f"cleared {frozen.observed.get('stale_vip_after_thaw_s')} s after the thaw"
+            )
             rows["link"].results.append(netns_lab.scenario_link_down(lab))
             rows["apiserver"].results.append(netns_lab.scenario_apiserver_dead(lab, "m01", signal.SIGTERM))
         for _ in range(args.compare_rounds):
@@ -133,15 +151,22 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
 
     print_table([row for row in rows.values() if row.results], 0.1)
-    print(f"VRRP bound: 3 x advert_int ({cfg.load_balancer.advert_int_seconds} s) + skew, skew = (256 - "
-          f"{lb.BACKUP_PRIORITY}) / 256 s; for a dead HAProxy (FAULT mode): fall {lb.CHECK_FALL} x interval "
-          f"{lb.CHECK_INTERVAL_SECONDS} s + skew.")
+    print(
+        f"VRRP bound: 3 x advert_int ({cfg.load_balancer.advert_int_seconds} s) + skew, skew = (256 - "
+        f"{lb.BACKUP_PRIORITY}) / 256 s; for a dead HAProxy (FAULT mode): fall {lb.CHECK_FALL} x interval "
+        f"{lb.CHECK_INTERVAL_SECONDS} s + skew."
+    )
     for note in notes:
         print(f"  {note}")
     print(f"({elapsed:.0f} s)")
     if args.json:
-        args.json.write_text(json.dumps({key: [vars(r) | {"backends": dict(r.backends)} for r in row.results]
-                                         for key, row in rows.items()}, indent=2, default=str))
+        args.json.write_text(
+            json.dumps(
+                {key: [vars(r) | {"backends": dict(r.backends)} for r in row.results] for key, row in rows.items()},
+                indent=2,
+                default=str,
+            )
+        )
     return 0
 
 

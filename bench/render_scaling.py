@@ -49,8 +49,10 @@ def main() -> int:
         worst = max(worst, median) if count == WORKER_COUNTS[-1] else worst
         print(f"{count:>8} {len(run.registrations):>10} {depth:>6} {median:>9.2f} {min(timings):>7.2f}")
     flat = len(set(depths)) == 1
-    print(f"goal: {WORKER_COUNTS[-1]} workers under {GOAL_SECONDS:.1f} s: {'met' if worst < GOAL_SECONDS else 'MISSED'}"
-          f" ({worst:.2f} s); depth independent of worker count: {'yes' if flat else 'NO'} ({depths})")
+    print(
+        f"goal: {WORKER_COUNTS[-1]} workers under {GOAL_SECONDS:.1f} s: {'met' if worst < GOAL_SECONDS else 'MISSED'}"
+        f" ({worst:.2f} s); depth independent of worker count: {'yes' if flat else 'NO'} ({depths})"
+    )
     return 0
 
 

@@ -67,20 +67,27 @@ def graph_figures() -> GraphFigures:
     upgraded = run_program("labs", overrides=version(AFTER), previous=created.previous_state())
     plan = plan_changes(created, upgraded)
     # The upgrade steps where they run (replaced: run again), not where the engine deletes the old ones.
-    chain = [(step.order, [n for n in step.names if n.endswith(UPGRADE_SUFFIXES)]) for step in plan.steps
-             if step.kind in ("replace", "create replacement")]
+    chain = [
+        (step.order, [n for n in step.names if n.endswith(UPGRADE_SUFFIXES)])
+        for step in plan.steps
+        if step.kind in ("replace", "create replacement")
+    ]
     return GraphFigures(waves=len({step.order for step in plan.steps}), chain=[(o, n) for o, n in chain if n])
 
 
 def print_graph_figures(figures: GraphFigures) -> None:
     print(f"pulumi up after labs-k8s:kubernetes.version {BEFORE} -> {AFTER} (7-node lab, workersAtOnce=1):")
-    print(f"  {figures.waves} waves of steps (steps in one wave run in parallel; the last deletes the replaced "
-          "ones); the upgrade chain within them:")
+    print(
+        f"  {figures.waves} waves of steps (steps in one wave run in parallel; the last deletes the replaced "
+        "ones); the upgrade chain within them:"
+    )
     for wave, names in figures.chain:
         print(f"    wave {wave:>2}: {', '.join(names)}")
-    print(f"  {sum(len(names) for _, names in figures.chain)} serialized upgrade steps (3 control planes, "
-          f"3 per worker) in {len(figures.chain)} waves; the {figures.waves - len(figures.chain)} other waves: "
-          "prepare, init, refresh and join (they find their node done), kubeconfig, verify-cluster, the deletes")
+    print(
+        f"  {sum(len(names) for _, names in figures.chain)} serialized upgrade steps (3 control planes, "
+        f"3 per worker) in {len(figures.chain)} waves; the {figures.waves - len(figures.chain)} other waves: "
+        "prepare, init, refresh and join (they find their node done), kubeconfig, verify-cluster, the deletes"
+    )
 
 
 def classify(node: str, command: str, args: list[str]) -> str | None:
@@ -148,13 +155,17 @@ def script_figures(cluster: FakeCluster) -> ScriptFigures:
 
 
 def print_script_figures(figures: ScriptFigures) -> None:
-    print(f"\nthe scripts on the stand-in cluster: {figures.commands} timed commands, about "
-          f"{figures.total_seconds / 60:.0f} min of serialized work (estimates)")
+    print(
+        f"\nthe scripts on the stand-in cluster: {figures.commands} timed commands, about "
+        f"{figures.total_seconds / 60:.0f} min of serialized work (estimates)"
+    )
     print(f"  {'node':<14} {'drained for':>12}  commands while cordoned")
     for node, seconds, inside in figures.drained:
         print(f"  {node:<14} {seconds / 60:>9.1f} min  {', '.join(inside)}")
-    print(f"  at most {figures.most_drained_at_once} node(s) cordoned at any time; the API stays up through the "
-          "VIP (one apiserver restarts at a time, HAProxy retries elsewhere: docs/load-balancers.md)")
+    print(
+        f"  at most {figures.most_drained_at_once} node(s) cordoned at any time; the API stays up through the "
+        "VIP (one apiserver restarts at a time, HAProxy retries elsewhere: docs/load-balancers.md)"
+    )
 
 
 def main() -> int:

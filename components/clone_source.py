@@ -40,8 +40,12 @@ class CloneSourceProvider(ResourceProvider):
         # A new id per creation: the VM's replace_trigger carries it.
         return CreateResult(
             id_=f"{props['node']}-{secrets.token_hex(4)}",
-            outs={"node": props["node"], "identity": props["identity"], "template": props["template"],
-                  "guestId": props["guestId"]},
+            outs={
+                "node": props["node"],
+                "identity": props["identity"],
+                "template": props["template"],
+                "guestId": props["guestId"],
+            },
         )
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:

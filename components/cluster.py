@@ -327,9 +327,7 @@ class KubeadmCluster(pulumi.ComponentResource):
             )
             self.upgrades[node.name] = [drain, upgrade, cordon_step(node, "uncordon", [upgrade])]
 
-    def _leave_guard(
-        self, node: Node, vm: pulumi.CustomResource, after: Sequence[pulumi.Resource]
-    ) -> remote.Command:
+    def _leave_guard(self, node: Node, vm: pulumi.CustomResource, after: Sequence[pulumi.Resource]) -> remote.Command:
         """The step whose delete makes `node` leave the cluster (leave-cluster.sh) before its VM
         goes. Replaced only when the VM is (triggers: the VM's id), deleted before the new one is
         created; its bundle carries the script, so the delete works on any control plane."""

@@ -265,8 +265,10 @@ def mac_problem(mac: str) -> str | None:
     if not _MAC.match(mac):
         return f"{mac!r} is not a MAC address; write six hex pairs such as 00:50:56:03:3c:33"
     if not mac.startswith(VMWARE_MANUAL_MAC_PREFIX + ":") or int(mac[9:11], 16) > 0x3F:
-        return (f"{mac} is outside VMware's range for static MACs, which vCenter enforces; use "
-                "00:50:56:00:00:00-00:50:56:3f:ff:ff, or remove the key to derive one from the IP")
+        return (
+            f"{mac} is outside VMware's range for static MACs, which vCenter enforces; use "
+            "00:50:56:00:00:00-00:50:56:3f:ff:ff, or remove the key to derive one from the IP"
+        )
     return None
 
 
@@ -463,22 +465,37 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
                     )
                 )
             if host.name in seen_names:
-                add(ConfigProblem(f"{key}.name", f"{host.name!r} is already used by {seen_names[host.name]}; "
-                                  "give every VM its own name"))
+                add(
+                    ConfigProblem(
+                        f"{key}.name",
+                        f"{host.name!r} is already used by {seen_names[host.name]}; give every VM its own name",
+                    )
+                )
             else:
                 seen_names[host.name] = f"{NAMESPACE}:{key}.name"
             duplicate_ip = host.ip in seen_ips
             if duplicate_ip:
-                add(ConfigProblem(f"{key}.ip", f"{host.ip} is already used by {seen_ips[host.ip]}; "
-                                  "give every VM its own address"))
+                add(
+                    ConfigProblem(
+                        f"{key}.ip", f"{host.ip} is already used by {seen_ips[host.ip]}; give every VM its own address"
+                    )
+                )
             else:
                 seen_ips[host.ip] = f"{NAMESPACE}:{key}.ip"
             if host.ip not in net:
-                add(ConfigProblem(f"{key}.ip", f"{host.ip} is outside network.cidr {net}; "
-                                  "pick an address inside it or widen network.cidr"))
+                add(
+                    ConfigProblem(
+                        f"{key}.ip",
+                        f"{host.ip} is outside network.cidr {net}; pick an address inside it or widen network.cidr",
+                    )
+                )
             elif host.ip in (net.network_address, net.broadcast_address):
-                add(ConfigProblem(f"{key}.ip", f"{host.ip} is the network or broadcast address of {net}; "
-                                  "pick a usable host address"))
+                add(
+                    ConfigProblem(
+                        f"{key}.ip",
+                        f"{host.ip} is the network or broadcast address of {net}; pick a usable host address",
+                    )
+                )
             if host.ip == cfg.network.gateway:
                 add(ConfigProblem(f"{key}.ip", f"{host.ip} is the gateway; pick another address"))
             mac = normalize_mac(host.mac) if host.mac is not None else mac_for_ip(host.ip)
@@ -487,55 +504,107 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
                 add(ConfigProblem(mac_key, problem))
             elif mac in seen_macs and not (duplicate_ip and host.mac is None):  # said once, for the IP
                 source = "" if host.mac is not None else f" (the MAC derived from {host.ip})"
-                add(ConfigProblem(mac_key, f"MAC {mac}{source} is already used by {seen_macs[mac]}; "
-                                  f"set a distinct labs-k8s:{key}.mac in 00:50:56:00:00:00-00:50:56:3f:ff:ff"))
+                add(
+                    ConfigProblem(
+                        mac_key,
+                        f"MAC {mac}{source} is already used by {seen_macs[mac]}; "
+                        f"set a distinct labs-k8s:{key}.mac in 00:50:56:00:00:00-00:50:56:3f:ff:ff",
+                    )
+                )
             else:
                 seen_macs[mac] = f"{NAMESPACE}:{mac_key}"
 
         vcpu_min, mem_min = MINIMUM_SIZES[role]
         if group.vcpu < vcpu_min:
-            add(ConfigProblem(f"{role_key}.vcpu", f"{group.vcpu} vCPU is below the minimum of {vcpu_min} for "
-                              f"this role (seed sizing); set at least {vcpu_min}"))
+            add(
+                ConfigProblem(
+                    f"{role_key}.vcpu",
+                    f"{group.vcpu} vCPU is below the minimum of {vcpu_min} for "
+                    f"this role (seed sizing); set at least {vcpu_min}",
+                )
+            )
         if group.memory_mib < mem_min:
-            add(ConfigProblem(f"{role_key}.memoryMib", f"{group.memory_mib} MiB is below the minimum of {mem_min} "
-                              f"MiB for this role (seed sizing); set at least {mem_min}"))
+            add(
+                ConfigProblem(
+                    f"{role_key}.memoryMib",
+                    f"{group.memory_mib} MiB is below the minimum of {mem_min} "
+                    f"MiB for this role (seed sizing); set at least {mem_min}",
+                )
+            )
         disk_min = MINIMUM_DATA_DISK_GIB[role]
         if group.data_disk_gib < disk_min:
-            add(ConfigProblem(f"{role_key}.dataDiskGib", f"{group.data_disk_gib} GiB is below the minimum of "
-                              f"{disk_min} GiB for this role's data disk; set at least {disk_min}"))
+            add(
+                ConfigProblem(
+                    f"{role_key}.dataDiskGib",
+                    f"{group.data_disk_gib} GiB is below the minimum of "
+                    f"{disk_min} GiB for this role's data disk; set at least {disk_min}",
+                )
+            )
 
     # The NIC name cloud-init gives every node (set-name) and Keepalived binds.
     interface = cfg.network.interface
     if not _INTERFACE_NAME.match(interface):
-        add(ConfigProblem("network.interface", f"{interface!r} is not a usable interface name: use 1-15 "
-                          "lowercase letters, digits, '-' or '_', starting with a letter (e.g. ens192)"))
+        add(
+            ConfigProblem(
+                "network.interface",
+                f"{interface!r} is not a usable interface name: use 1-15 "
+                "lowercase letters, digits, '-' or '_', starting with a letter (e.g. ens192)",
+            )
+        )
     elif _KERNEL_INTERFACE_NAME.match(interface):
-        add(ConfigProblem("network.interface", f"{interface!r} is in the kernel's own namespace: renaming into it "
-                          "races with the kernel's names (systemd.net-naming-scheme(7)); use e.g. ens192"))
+        add(
+            ConfigProblem(
+                "network.interface",
+                f"{interface!r} is in the kernel's own namespace: renaming into it "
+                "races with the kernel's names (systemd.net-naming-scheme(7)); use e.g. ens192",
+            )
+        )
 
     # Gateway and VIP.
     if cfg.network.gateway not in net:
-        add(ConfigProblem("network.gateway", f"{cfg.network.gateway} is outside network.cidr {net}; "
-                          "the gateway must be on the node network"))
+        add(
+            ConfigProblem(
+                "network.gateway",
+                f"{cfg.network.gateway} is outside network.cidr {net}; the gateway must be on the node network",
+            )
+        )
     vip = cfg.load_balancer.vip
     if vip not in net:
-        add(ConfigProblem("loadBalancer.vip", f"{vip} is outside network.cidr {net}; VRRP moves the VIP "
-                          "within one L2 segment, so pick a free address inside the node network"))
+        add(
+            ConfigProblem(
+                "loadBalancer.vip",
+                f"{vip} is outside network.cidr {net}; VRRP moves the VIP "
+                "within one L2 segment, so pick a free address inside the node network",
+            )
+        )
     if vip == cfg.network.gateway:
         add(ConfigProblem("loadBalancer.vip", f"{vip} is the gateway; pick a free address for the VIP"))
     if vip in seen_ips:
-        add(ConfigProblem("loadBalancer.vip", f"{vip} is already the address of {seen_ips[vip]}; "
-                          "the VIP must be an address no VM owns"))
+        add(
+            ConfigProblem(
+                "loadBalancer.vip",
+                f"{vip} is already the address of {seen_ips[vip]}; the VIP must be an address no VM owns",
+            )
+        )
     if not 1 <= cfg.load_balancer.vrrp_router_id <= 255:
-        add(ConfigProblem("loadBalancer.vrrpRouterId", f"{cfg.load_balancer.vrrp_router_id} is out of range; "
-                          "use 1-255, unique on the L2 segment"))
+        add(
+            ConfigProblem(
+                "loadBalancer.vrrpRouterId",
+                f"{cfg.load_balancer.vrrp_router_id} is out of range; use 1-255, unique on the L2 segment",
+            )
+        )
     if not 1 <= cfg.load_balancer.advert_int_seconds <= 10:
         add(ConfigProblem("loadBalancer.advertIntSeconds", "use 1-10 seconds"))
     if cfg.template.build_ip is not None:
         build_ip = cfg.template.build_ip
         if build_ip not in net:
-            add(ConfigProblem("template.buildIp", f"{build_ip} is outside network.cidr {net}; "
-                              "pick a free address on the node network, or remove the key to use DHCP"))
+            add(
+                ConfigProblem(
+                    "template.buildIp",
+                    f"{build_ip} is outside network.cidr {net}; "
+                    "pick a free address on the node network, or remove the key to use DHCP",
+                )
+            )
         if build_ip in seen_ips or build_ip in (vip, cfg.network.gateway):
             add(ConfigProblem("template.buildIp", f"{build_ip} is already in use in this lab; pick a free address"))
 
@@ -544,19 +613,38 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
     if cp_count == 0:
         add(ConfigProblem("nodes.controlPlanes.hosts", "no control planes; list 3 (or 5) for an HA etcd quorum"))
     elif cp_count == 1 and not cfg.kubernetes.allow_single_control_plane:
-        add(ConfigProblem("nodes.controlPlanes.hosts", "1 control plane is not HA; list 3, or set "
-                          "labs-k8s:kubernetes.allowSingleControlPlane: true for a non-HA lab"))
+        add(
+            ConfigProblem(
+                "nodes.controlPlanes.hosts",
+                "1 control plane is not HA; list 3, or set "
+                "labs-k8s:kubernetes.allowSingleControlPlane: true for a non-HA lab",
+            )
+        )
     elif cp_count > 1 and cp_count % 2 == 0:
-        add(ConfigProblem("nodes.controlPlanes.hosts", f"{cp_count} control planes: etcd needs an odd number "
-                          f"for quorum ({cp_count} tolerates no more failures than {cp_count - 1}); "
-                          f"list {cp_count - 1} or {cp_count + 1}"))
+        add(
+            ConfigProblem(
+                "nodes.controlPlanes.hosts",
+                f"{cp_count} control planes: etcd needs an odd number "
+                f"for quorum ({cp_count} tolerates no more failures than {cp_count - 1}); "
+                f"list {cp_count - 1} or {cp_count + 1}",
+            )
+        )
     lb_count = len(cfg.nodes.balancers.hosts)
     if lb_count == 1 and not cfg.load_balancer.allow_single_balancer:
-        add(ConfigProblem("nodes.balancers.hosts", "1 balancer is a single point of failure; list 2, or set "
-                          "labs-k8s:loadBalancer.allowSingleBalancer: true for a lab without a Keepalived peer"))
+        add(
+            ConfigProblem(
+                "nodes.balancers.hosts",
+                "1 balancer is a single point of failure; list 2, or set "
+                "labs-k8s:loadBalancer.allowSingleBalancer: true for a lab without a Keepalived peer",
+            )
+        )
     elif lb_count != 1 and lb_count != 2:
-        add(ConfigProblem("nodes.balancers.hosts", f"{lb_count} balancers: the Keepalived pair is exactly 2 "
-                          "(MASTER and BACKUP); list 2"))
+        add(
+            ConfigProblem(
+                "nodes.balancers.hosts",
+                f"{lb_count} balancers: the Keepalived pair is exactly 2 (MASTER and BACKUP); list 2",
+            )
+        )
 
     # Address plan: nodes, pods and services must not overlap (routing would be ambiguous).
     cidrs = {
@@ -568,55 +656,97 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             if cidrs[a].overlaps(cidrs[b]):
-                add(ConfigProblem(b, f"{cidrs[b]} overlaps {a} {cidrs[a]}; node, pod and service ranges "
-                                  "must be disjoint: pick another range"))
+                add(
+                    ConfigProblem(
+                        b,
+                        f"{cidrs[b]} overlaps {a} {cidrs[a]}; node, pod and service ranges "
+                        "must be disjoint: pick another range",
+                    )
+                )
     if cfg.kubernetes.pod_cidr.prefixlen > 22:
-        add(ConfigProblem("kubernetes.podCidr", f"/{cfg.kubernetes.pod_cidr.prefixlen} is too small: Flannel "
-                          "gives each node a /24, so use /16 to /22"))
+        add(
+            ConfigProblem(
+                "kubernetes.podCidr",
+                f"/{cfg.kubernetes.pod_cidr.prefixlen} is too small: Flannel gives each node a /24, so use /16 to /22",
+            )
+        )
 
     # Kubernetes version.
     match = _K8S_VERSION.match(cfg.kubernetes.version)
     supported = f"1.{SUPPORTED_K8S_MINORS.start}-1.{SUPPORTED_K8S_MINORS.stop - 1}"
     if match is None:
-        add(ConfigProblem("kubernetes.version", f"{cfg.kubernetes.version!r} is not a Kubernetes version; "
-                          f"write MAJOR.MINOR.PATCH such as 1.36.0 (supported minors: {supported})"))
+        add(
+            ConfigProblem(
+                "kubernetes.version",
+                f"{cfg.kubernetes.version!r} is not a Kubernetes version; "
+                f"write MAJOR.MINOR.PATCH such as 1.36.0 (supported minors: {supported})",
+            )
+        )
     elif int(match.group(1)) not in SUPPORTED_K8S_MINORS:
-        add(ConfigProblem("kubernetes.version", f"{cfg.kubernetes.version} is not supported; "
-                          f"use a release of minors {supported}"))
+        add(
+            ConfigProblem(
+                "kubernetes.version", f"{cfg.kubernetes.version} is not supported; use a release of minors {supported}"
+            )
+        )
 
     # Container runtime: Kubernetes 1.36 dropped containerd 1.x; older minors accept 1.7 and later.
     containerd = _CONTAINERD_VERSION.match(cfg.kubernetes.containerd_version)
     if containerd is None:
-        add(ConfigProblem("kubernetes.containerdVersion", f"{cfg.kubernetes.containerd_version!r} is not a "
-                          "containerd release; write MAJOR.MINOR.PATCH as Docker's containerd.io package has it "
-                          "(e.g. 2.2.1; `apt-cache madison containerd.io` lists them)"))
+        add(
+            ConfigProblem(
+                "kubernetes.containerdVersion",
+                f"{cfg.kubernetes.containerd_version!r} is not a "
+                "containerd release; write MAJOR.MINOR.PATCH as Docker's containerd.io package has it "
+                "(e.g. 2.2.1; `apt-cache madison containerd.io` lists them)",
+            )
+        )
     elif match is not None:
         needed = (2, 0) if int(match.group(1)) >= CONTAINERD_2_FROM_MINOR else (1, 7)
         if (int(containerd.group(1)), int(containerd.group(2))) < needed:
-            add(ConfigProblem("kubernetes.containerdVersion", f"containerd {cfg.kubernetes.containerd_version} is "
-                              f"too old for Kubernetes {cfg.kubernetes.version} (labs-k8s:kubernetes.version); use "
-                              f"{needed[0]}.{needed[1]} or newer, or stay on a minor it supports"))
+            add(
+                ConfigProblem(
+                    "kubernetes.containerdVersion",
+                    f"containerd {cfg.kubernetes.containerd_version} is "
+                    f"too old for Kubernetes {cfg.kubernetes.version} (labs-k8s:kubernetes.version); use "
+                    f"{needed[0]}.{needed[1]} or newer, or stay on a minor it supports",
+                )
+            )
 
     # Workers. kubeadm init taints every control plane node-role.kubernetes.io/control-plane:NoSchedule
     # (kubeadm cmd/kubeadm/app/phases/markcontrolplane), so with no worker no pod of the lab's users runs.
     worker_count = len(cfg.nodes.workers.hosts)
     if worker_count == 0:
-        add(ConfigProblem("nodes.workers.hosts", "no workers: kubeadm taints the control planes NoSchedule, so "
-                          "no workload could be scheduled (and the worker and drain drills have nothing to drill); "
-                          "list 2 workers, or 1 with labs-k8s:kubernetes.allowSingleWorker: true"))
+        add(
+            ConfigProblem(
+                "nodes.workers.hosts",
+                "no workers: kubeadm taints the control planes NoSchedule, so "
+                "no workload could be scheduled (and the worker and drain drills have nothing to drill); "
+                "list 2 workers, or 1 with labs-k8s:kubernetes.allowSingleWorker: true",
+            )
+        )
     elif worker_count == 1 and not cfg.kubernetes.allow_single_worker:
-        add(ConfigProblem("nodes.workers.hosts", "1 worker: every Kubernetes upgrade drains it "
-                          "(labs-k8s:kubernetes.upgrade.workersAtOnce is at least 1), leaving its pods nowhere to "
-                          "run until it is back, and the worker and drain drills refuse; list 2, or set "
-                          "labs-k8s:kubernetes.allowSingleWorker: true for a lab that accepts that"))
+        add(
+            ConfigProblem(
+                "nodes.workers.hosts",
+                "1 worker: every Kubernetes upgrade drains it "
+                "(labs-k8s:kubernetes.upgrade.workersAtOnce is at least 1), leaving its pods nowhere to "
+                "run until it is back, and the worker and drain drills refuse; list 2, or set "
+                "labs-k8s:kubernetes.allowSingleWorker: true for a lab that accepts that",
+            )
+        )
 
     # Rolling upgrades: never drain every worker at once (their pods would have nowhere to go).
     workers_at_once = cfg.kubernetes.upgrade.workers_at_once
     most = max(1, worker_count - 1)
     if worker_count and not 1 <= workers_at_once <= most:
-        add(ConfigProblem("kubernetes.upgrade.workersAtOnce", f"{workers_at_once} is out of range; use 1 to {most} "
-                          f"(fewer than the {len(cfg.nodes.workers.hosts)} workers, so that drained workloads "
-                          "have somewhere to run)"))
+        add(
+            ConfigProblem(
+                "kubernetes.upgrade.workersAtOnce",
+                f"{workers_at_once} is out of range; use 1 to {most} "
+                f"(fewer than the {len(cfg.nodes.workers.hosts)} workers, so that drained workloads "
+                "have somewhere to run)",
+            )
+        )
 
     # SSH.
     ssh_problem = _ssh_key_problem(cfg.ssh.public_key)
@@ -630,8 +760,13 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
 
     # Template.
     if cfg.template.disk_gib < MINIMUM_TEMPLATE_DISK_GIB:
-        add(ConfigProblem("template.diskGib", f"{cfg.template.disk_gib} GiB is too small for Debian 12 with "
-                          f"containerd images; use at least {MINIMUM_TEMPLATE_DISK_GIB}"))
+        add(
+            ConfigProblem(
+                "template.diskGib",
+                f"{cfg.template.disk_gib} GiB is too small for Debian 12 with "
+                f"containerd images; use at least {MINIMUM_TEMPLATE_DISK_GIB}",
+            )
+        )
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,60}$", cfg.template.name):
         add(ConfigProblem("template.name", "use letters, digits, dot, dash and underscore only"))
     if not cfg.template.iso_url.startswith(("https://", "http://")):
@@ -639,11 +774,18 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
 
     packages_url = cfg.preflight.kubernetes_packages_url
     if packages_url and not re.match(r"^https?://[^\s/]+", packages_url):
-        add(ConfigProblem("preflight.kubernetesPackagesUrl", f"{packages_url!r} is not a URL; keep the default "
-                          "https://pkgs.k8s.io/core:/stable:, or \"\" to skip the release check"))
+        add(
+            ConfigProblem(
+                "preflight.kubernetesPackagesUrl",
+                f"{packages_url!r} is not a URL; keep the default "
+                'https://pkgs.k8s.io/core:/stable:, or "" to skip the release check',
+            )
+        )
 
-    for key, url in (("mirrors.aptProxy", cfg.mirrors.apt_proxy), ("mirrors.registryMirror",
-                                                                     cfg.mirrors.registry_mirror)):
+    for key, url in (
+        ("mirrors.aptProxy", cfg.mirrors.apt_proxy),
+        ("mirrors.registryMirror", cfg.mirrors.registry_mirror),
+    ):
         if url is not None and not re.match(r"^https?://[^\s/]+", url):
             add(ConfigProblem(key, f"{url!r} is not a URL; write http://host:port"))
     return problems
@@ -665,11 +807,13 @@ def _moved_key_problems(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[Co
     for (section, key), (new_key, why) in MOVED_KEYS.items():
         values = raw.get(section)
         if isinstance(values, Mapping) and key in values:
-            problems.append(ConfigProblem(
-                f"{section}.{key}",
-                f"moved to {NAMESPACE}:{new_key} ({why}); move the value there "
-                f"(pulumi config set --path {NAMESPACE}:{new_key} {values[key]}) and delete this key",
-            ))
+            problems.append(
+                ConfigProblem(
+                    f"{section}.{key}",
+                    f"moved to {NAMESPACE}:{new_key} ({why}); move the value there "
+                    f"(pulumi config set --path {NAMESPACE}:{new_key} {values[key]}) and delete this key",
+                )
+            )
             cleaned[section] = {k: v for k, v in values.items() if k != key}
     return cleaned, problems
 
@@ -681,8 +825,7 @@ def load_lab_config(raw: Mapping[str, Any]) -> LabConfig:
     """
     unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
     problems = [
-        ConfigProblem(k, f"unknown key; the {NAMESPACE} namespace has: {', '.join(TOP_LEVEL_KEYS)}")
-        for k in unknown
+        ConfigProblem(k, f"unknown key; the {NAMESPACE} namespace has: {', '.join(TOP_LEVEL_KEYS)}") for k in unknown
     ]
     raw, moved = _moved_key_problems(raw)
     problems += moved

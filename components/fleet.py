@@ -173,7 +173,11 @@ class NodeFleet(pulumi.ComponentResource):
         for node in lab.all_nodes:
             identity = node_rendering.instance_id(lab, node)
             source = CloneSource(
-                f"{node.name}-clone-source", node.name, identity, template_uuid, template_guest_id,
+                f"{node.name}-clone-source",
+                node.name,
+                identity,
+                template_uuid,
+                template_guest_id,
                 opts=pulumi.ResourceOptions(parent=self),
             )
             # The node's proof of identity for the steps that carry secrets (rendering/sealed.py):
@@ -186,9 +190,7 @@ class NodeFleet(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
             self.node_keys[node.name] = pulumi.Output.secret(node_key.result)
-            vm = self._clone(
-                lab, node, source, identity, pool_id, datastore.id, network.id, self.node_keys[node.name]
-            )
+            vm = self._clone(lab, node, source, identity, pool_id, datastore.id, network.id, self.node_keys[node.name])
             self.vms[node.name] = vm
             self.ready[node.name] = remote_steps.on_node(
                 f"{node.name}-ready",

@@ -52,7 +52,5 @@ class Lab(pulumi.ComponentResource):
             opts=child,
         )
         self.api_endpoint = self.balancers.endpoint
-        self.node_table = [
-            {"name": node.name, "role": node.role.value, "ip": str(node.ip)} for node in lab.all_nodes
-        ]
+        self.node_table = [{"name": node.name, "role": node.role.value, "ip": str(node.ip)} for node in lab.all_nodes]
         self.register_outputs({"apiEndpoint": self.api_endpoint})

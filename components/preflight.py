@@ -58,8 +58,10 @@ def clone_sources(lab: LabConfig, stack: str, previous: PreviousState | None) ->
 
 def clone_source_urn(stack: str, node: str) -> str:
     """The URN of a node's clone source (components/fleet.py: NodeFleet under Lab)."""
-    return (f"urn:pulumi:{stack}::{PROJECT}::labs-k8s:lab:Lab$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:"
-            f"Resource::{node}-clone-source")
+    return (
+        f"urn:pulumi:{stack}::{PROJECT}::labs-k8s:lab:Lab$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:"
+        f"Resource::{node}-clone-source"
+    )
 
 
 def preflight_spec(lab: LabConfig, stack: str, previous: PreviousState | None = None) -> object:
@@ -117,7 +119,10 @@ def vcenter_session(inputs: StackInputs) -> AbstractContextManager[Any]:
     credentials = inputs.vcenter
     address = vsphere.parse_server(credentials.server)
     return vsphere.session(
-        address.host, credentials.user, credentials.plain_password, port=address.port,
+        address.host,
+        credentials.user,
+        credentials.plain_password,
+        port=address.port,
         insecure=credentials.allow_unverified_ssl,
     )
 
@@ -174,8 +179,11 @@ def check_rules_after_up(inputs: StackInputs, rule_ids: list[pulumi.Output[str]]
     lab = inputs.lab
     if not lab.preflight.enabled or not rule_ids or pulumi.runtime.is_dry_run():
         return
-    names = {anti_affinity_rule_name(inputs.stack, role) for role in Role
-             if lab.anti_affinity.for_role(role) != "off" and len(lab.nodes_of(role)) > 1}
+    names = {
+        anti_affinity_rule_name(inputs.stack, role)
+        for role in Role
+        if lab.anti_affinity.for_role(role) != "off" and len(lab.nodes_of(role)) > 1
+    }
 
     def check(_ids: list[str]) -> None:
         from components import vsphere

@@ -188,13 +188,18 @@ def check_control_plane_change(lab: LabConfig, previous: PreviousState) -> None:
     if len(kept) >= quorum:
         return
     gone = [name for name, ip in old if (name, ip) not in new]
-    raise LabConfigError([ConfigProblem(
-        "nodes.controlPlanes.hosts",
-        f"this change removes or replaces {len(gone)} of the {len(old)} control planes the cluster has "
-        f"({', '.join(gone)}) in one `pulumi up`; etcd keeps its quorum only if at least {quorum} of them stay. "
-        f"Change at most {len(old) - quorum} per `pulumi up` (e.g. 5 -> 3, then 3 -> 1 with "
-        "kubernetes.allowSingleControlPlane)",
-    )])
+    raise LabConfigError(
+        [
+            ConfigProblem(
+                "nodes.controlPlanes.hosts",
+                f"this change removes or replaces {len(gone)} of the {len(old)} control planes the cluster has "
+                f"({', '.join(gone)}) in one `pulumi up`; etcd keeps its quorum only if at least {quorum} of them "
+                "stay. "
+                f"Change at most {len(old) - quorum} per `pulumi up` (e.g. 5 -> 3, then 3 -> 1 with "
+                "kubernetes.allowSingleControlPlane)",
+            )
+        ]
+    )
 
 
 def renewal_due(valid_until: str | None, days: int, now: datetime | None = None) -> bool:

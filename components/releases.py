@@ -48,8 +48,9 @@ def _patch_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version.split("-", 1)[0]))
 
 
-def check_release(version: str, repository: str = DEFAULT_REPOSITORY, timeout_s: float = TIMEOUT_S
-                  ) -> ReleaseFinding | None:
+def check_release(
+    version: str, repository: str = DEFAULT_REPOSITORY, timeout_s: float = TIMEOUT_S
+) -> ReleaseFinding | None:
     """None when kubeadm, kubelet and kubectl `<version>-*` are all in the repository."""
     minor = ".".join(version.split(".")[:2])
     url = packages_index_url(repository, minor)
@@ -59,20 +60,29 @@ def check_release(version: str, repository: str = DEFAULT_REPOSITORY, timeout_s:
             text = response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as error:
         if error.code in NOT_THERE:
-            return ReleaseFinding(True, f"{key}: {version}: there is no Kubernetes {minor} package repository "
-                                        f"({url}: HTTP {error.code}), so {minor} is not released (yet); pick a "
-                                        "released version (https://kubernetes.io/releases/)")
+            return ReleaseFinding(
+                True,
+                f"{key}: {version}: there is no Kubernetes {minor} package repository "
+                f"({url}: HTTP {error.code}), so {minor} is not released (yet); pick a "
+                "released version (https://kubernetes.io/releases/)",
+            )
         return ReleaseFinding(False, f"could not check that Kubernetes {version} exists ({url}: HTTP {error.code})")
     except (OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
-        return ReleaseFinding(False, f"could not check that Kubernetes {version} exists ({url}: {reason}); "
-                                     "if it does not, the nodes' package installation fails")
+        return ReleaseFinding(
+            False,
+            f"could not check that Kubernetes {version} exists ({url}: {reason}); "
+            "if it does not, the nodes' package installation fails",
+        )
     available = versions_in_index(text)
     missing = [p for p in PACKAGES if not any(v.startswith(f"{version}-") for v in available.get(p, ()))]
     if not missing:
         return None
     releases = sorted({v.split("-", 1)[0] for v in available.get("kubeadm", ())}, key=_patch_key)
     listed = ", ".join(releases[-8:]) if releases else "none"
-    return ReleaseFinding(True, f"{key}: {version} does not exist: the {minor} repository ({url}) has no "
-                                f"{', '.join(missing)} {version}. Releases there: {listed}"
-                                + (f"; the newest is {releases[-1]}" if releases else ""))
+    return ReleaseFinding(
+        True,
+        f"{key}: {version} does not exist: the {minor} repository ({url}) has no "
+        f"{', '.join(missing)} {version}. Releases there: {listed}"
+        + (f"; the newest is {releases[-1]}" if releases else ""),
+    )

@@ -198,8 +198,16 @@ class RemoteSteps:
         `readable_stdout` keeps a secret step's stdout (a status word) readable in the state; stderr
         stays secret. `dial_attempts`: BOOT_DIAL_ATTEMPTS for the first step after a clone's boot."""
         return self._register(
-            _Step(name, script, node=node, depends_on=after, order_after=order_after, timeout=timeout,
-                  dial_attempts=dial_attempts, plain_stdout=readable_stdout)
+            _Step(
+                name,
+                script,
+                node=node,
+                depends_on=after,
+                order_after=order_after,
+                timeout=timeout,
+                dial_attempts=dial_attempts,
+                plain_stdout=readable_stdout,
+            )
         )
 
     def through_vip(
@@ -218,8 +226,16 @@ class RemoteSteps:
         never `.stdout`). `rerun_with`: re-run reasons beyond its content and `after` (a join retried,
         a kubeconfig renewal)."""
         return self._register(
-            _Step(name, script, node=None, depends_on=after, order_after=order_after, timeout=timeout,
-                  authenticated=proven, extra_triggers=rerun_with)
+            _Step(
+                name,
+                script,
+                node=None,
+                depends_on=after,
+                order_after=order_after,
+                timeout=timeout,
+                authenticated=proven,
+                extra_triggers=rerun_with,
+            )
         )
 
     def guard(
@@ -241,9 +257,19 @@ class RemoteSteps:
         and a replacement deletes the old one first. The delete carries its own script, so it works
         on whichever control plane it lands on."""
         return self._register(
-            _Step(name, script, node=None, depends_on=after, timeout=timeout, delete_timeout=delete_timeout,
-                  rerun_on_change=False, create_args=tuple(on_create or ()), delete_args=tuple(on_delete),
-                  triggers=replaced_with, delete_before_replace=True)
+            _Step(
+                name,
+                script,
+                node=None,
+                depends_on=after,
+                timeout=timeout,
+                delete_timeout=delete_timeout,
+                rerun_on_change=False,
+                create_args=tuple(on_create or ()),
+                delete_args=tuple(on_delete),
+                triggers=replaced_with,
+                delete_before_replace=True,
+            )
         )
 
     def upgrade(
@@ -298,7 +324,8 @@ class RemoteSteps:
         if triggers is None:
             upstream_ids = (
                 [r.id for r in step.depends_on if isinstance(r, pulumi.CustomResource)]
-                if step.rerun_on_change and step.upstream_triggers else []
+                if step.rerun_on_change and step.upstream_triggers
+                else []
             )
             triggers = [stdin_hash, *upstream_ids, *step.extra_triggers] if step.rerun_on_change else []
         options = pulumi.ResourceOptions(

@@ -64,7 +64,7 @@ def private_key_problem(private_key: str, public_key_line: str | None, stack: st
     set_both = (
         f"make a key pair without a passphrase for the lab and set both halves: {NEW_KEY_COMMAND}; "
         f"pulumi config set --stack {stack} --secret labs-k8s:sshPrivateKey < ~/.ssh/labs-k8s; "
-        f"pulumi config set --stack {stack} --path labs-k8s:ssh.publicKey \"$(cat ~/.ssh/labs-k8s.pub)\""
+        f'pulumi config set --stack {stack} --path labs-k8s:ssh.publicKey "$(cat ~/.ssh/labs-k8s.pub)"'
     )
     try:
         key = _load_private_key(private_key)

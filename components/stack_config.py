@@ -208,8 +208,11 @@ def check_api_timeout(inputs: StackInputs, created: list[str] | None) -> None:
 
     in_config = pulumi.runtime.config.get_config("vsphere:apiTimeout")
     problem = api_timeout_problem(
-        inputs.lab, in_config or os.environ.get("VSPHERE_API_TIMEOUT"),
-        "vsphere:apiTimeout" if in_config else "vsphere:apiTimeout (or VSPHERE_API_TIMEOUT)", inputs.stack, created,
+        inputs.lab,
+        in_config or os.environ.get("VSPHERE_API_TIMEOUT"),
+        "vsphere:apiTimeout" if in_config else "vsphere:apiTimeout (or VSPHERE_API_TIMEOUT)",
+        inputs.stack,
+        created,
     )
     if problem is None:
         return

@@ -118,8 +118,13 @@ class TemplateInputs:
             )
         values = {field_name: props[key] for field_name, key in _REQUIRED_INPUTS.items()}
         return cls(
-            **{**values, "vcpu": int(values["vcpu"]), "memory_mib": int(values["memory_mib"]),
-               "disk_gib": int(values["disk_gib"]), "build_timeout_s": float(values["build_timeout_s"])},
+            **{
+                **values,
+                "vcpu": int(values["vcpu"]),
+                "memory_mib": int(values["memory_mib"]),
+                "disk_gib": int(values["disk_gib"]),
+                "build_timeout_s": float(values["build_timeout_s"]),
+            },
             resource_pool=props.get("resourcePool") or None,
         )
 
@@ -184,8 +189,9 @@ class TemplateBuildProvider(ResourceProvider):
         except ValueError as error:
             raise TemplateBuildError(f"vsphere:allowUnverifiedSsl (or VSPHERE_ALLOW_UNVERIFIED_SSL): {error}") from None
         address = vsphere.parse_server(str(server))
-        return VcenterLogin(host=address.host, port=address.port, user=str(user), password=str(password),
-                            insecure=insecure)
+        return VcenterLogin(
+            host=address.host, port=address.port, user=str(user), password=str(password), insecure=insecure
+        )
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         # Runs in previews too: a missing input fails there, not an hour into a build.
@@ -346,7 +352,7 @@ class TemplateBuildProvider(ResourceProvider):
                 "datastore without hardware acceleration offers only thin disks, vSAN follows its storage "
                 "policy), so building again on it ends the same. Set labs-k8s:vsphere.datastore to a VMFS "
                 "datastore, or an NFS one with hardware acceleration on every host (docs/template.md, "
-                "\"Storage\"), then run `pulumi up`."
+                '"Storage"), then run `pulumi up`.'
             )
         raise TemplateBuildError(f"{found} Delete it in vCenter and run `pulumi up` again.")
 
@@ -431,7 +437,9 @@ class TemplateBuildProvider(ResourceProvider):
                 else:
                     log.warning(
                         "not deleting %s (uuid %s): it does not carry stack %r's tag",
-                        vsphere.inventory_path(si, vm), id_, stack,
+                        vsphere.inventory_path(si, vm),
+                        id_,
+                        stack,
                     )
             if stack and props.get("datacenter"):
                 self._remove_media(si, str(props["datacenter"]), str(stack), props.get("isoPath"))

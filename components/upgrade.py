@@ -78,8 +78,9 @@ class VersionRecords:
     containerd: Mapping[str, str | None] = field(default_factory=dict)
 
 
-def records_from(known: bool, previous_nodes: list[str] | None,
-                 stdout_of: Callable[[str], str | None]) -> VersionRecords:
+def records_from(
+    known: bool, previous_nodes: list[str] | None, stdout_of: Callable[[str], str | None]
+) -> VersionRecords:
     """Build the records from what the previous state offers: the Kubernetes node names of the last
     deployment (None: no previous deployment) and the stdout of a resource by name."""
     if not known:
@@ -104,17 +105,32 @@ def version_problems(lab: LabConfig, records: VersionRecords) -> list[ConfigProb
     oldest_node, oldest = min(reported.items(), key=lambda item: item[1])
     key = "kubernetes.version"
     if target < newest:
-        return [ConfigProblem(key, f"{lab.kubernetes.version} is older than {show(newest)}, which {newest_node} "
-                              "already runs (last pulumi up): downgrades are not supported (kubeadm upgrades and "
-                              f"etcd's data do not go back); set {show(newest)[1:]} or later")]
+        return [
+            ConfigProblem(
+                key,
+                f"{lab.kubernetes.version} is older than {show(newest)}, which {newest_node} "
+                "already runs (last pulumi up): downgrades are not supported (kubeadm upgrades and "
+                f"etcd's data do not go back); set {show(newest)[1:]} or later",
+            )
+        ]
     if target[1] > oldest[1] + 1:
         if oldest[1] < newest[1]:
-            return [ConfigProblem(key, f"{oldest_node} is still at {show(oldest)}: the upgrade to {show(newest)} did "
-                                  f"not finish. Set {show(newest)[1:]} and run pulumi up to finish it, then "
-                                  f"{lab.kubernetes.version}")]
-        return [ConfigProblem(key, f"{lab.kubernetes.version} skips a minor: the cluster runs {show(oldest)} and "
-                              f"kubeadm upgrades one minor at a time; set a 1.{oldest[1] + 1}.x release, run pulumi "
-                              f"up, then {lab.kubernetes.version}")]
+            return [
+                ConfigProblem(
+                    key,
+                    f"{oldest_node} is still at {show(oldest)}: the upgrade to {show(newest)} did "
+                    f"not finish. Set {show(newest)[1:]} and run pulumi up to finish it, then "
+                    f"{lab.kubernetes.version}",
+                )
+            ]
+        return [
+            ConfigProblem(
+                key,
+                f"{lab.kubernetes.version} skips a minor: the cluster runs {show(oldest)} and "
+                f"kubeadm upgrades one minor at a time; set a 1.{oldest[1] + 1}.x release, run pulumi "
+                f"up, then {lab.kubernetes.version}",
+            )
+        ]
     return []
 
 
@@ -128,8 +144,9 @@ def rolling_upgrade(lab: LabConfig, records: VersionRecords) -> bool:
         return False
     target = parse_version(lab.kubernetes.version)
     containerd = lab.kubernetes.containerd_version
-    return (any(version != target for version in records.versions.values())
-            or any(records.containerd.get(name) != containerd for name in records.versions))
+    return any(version != target for version in records.versions.values()) or any(
+        records.containerd.get(name) != containerd for name in records.versions
+    )
 
 
 def records_from_previous(previous: PreviousState) -> VersionRecords:

@@ -91,12 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
     stop = threading.Event()
-    threading.Thread(target=play_installer, args=(host, port, args.user, args.password_file, stop),
-                     daemon=True).start()
+    threading.Thread(target=play_installer, args=(host, port, args.user, args.password_file, stop), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print("BOX " + json.dumps({"vcsim": f"{host}:{port}", "iso_url": f"http://127.0.0.1:{server.server_address[1]}"}),
-          flush=True)
+    print(
+        "BOX " + json.dumps({"vcsim": f"{host}:{port}", "iso_url": f"http://127.0.0.1:{server.server_address[1]}"}),
+        flush=True,
+    )
     stop.wait()
     server.shutdown()
     vcsim.terminate()

@@ -51,8 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stack", required=True)
     parser.add_argument("--pulumi-root", required=True, help="the directory whose bin/ holds the CLI")
-    parser.add_argument("--op", choices=["preview", "up", "refresh", "destroy"], required=True,
-                        help="refresh and destroy run the program too (`--run-program`)")
+    parser.add_argument(
+        "--op",
+        choices=["preview", "up", "refresh", "destroy"],
+        required=True,
+        help="refresh and destroy run the program too (`--run-program`)",
+    )
     parser.add_argument("--program", choices=sorted(PROGRAMS), default="main")
     parser.add_argument("--target", action="append", default=[])
     parser.add_argument("--expect-no-changes", action="store_true")
@@ -60,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     command = auto.PulumiCommand(root=args.pulumi_root, skip_version_check=True)
-    workspace = auto.LocalWorkspace(work_dir=str(Path.cwd()), program=PROGRAMS[args.program],
-                                    pulumi_command=command)
+    workspace = auto.LocalWorkspace(work_dir=str(Path.cwd()), program=PROGRAMS[args.program], pulumi_command=command)
     stack = auto.Stack.select(args.stack, workspace)
 
     def show(line: str) -> None:

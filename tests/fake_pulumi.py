@@ -123,8 +123,14 @@ def write_document(stack: str, document: dict[str, Any]) -> None:
 
 def flags(argv: list[str]) -> tuple[list[str], dict[str, str | bool]]:
     """Positional arguments and --flags (values for --stack/-s, booleans otherwise)."""
-    with_value = {"--stack": "stack", "-s": "stack", "--secrets-provider": "secrets-provider", "--cwd": "cwd",
-                  "-C": "cwd", "--file": "file"}
+    with_value = {
+        "--stack": "stack",
+        "-s": "stack",
+        "--secrets-provider": "secrets-provider",
+        "--cwd": "cwd",
+        "-C": "cwd",
+        "--file": "file",
+    }
     positional: list[str] = []
     options: dict[str, str | bool] = {}
     items = iter(argv)
@@ -155,8 +161,10 @@ def require_secrets_key(stack: str) -> None:
         return
     phrase = passphrase()
     if phrase is None:
-        fail("getting secrets manager: passphrase must be set with PULUMI_CONFIG_PASSPHRASE or "
-             "PULUMI_CONFIG_PASSPHRASE_FILE environment variables")
+        fail(
+            "getting secrets manager: passphrase must be set with PULUMI_CONFIG_PASSPHRASE or "
+            "PULUMI_CONFIG_PASSPHRASE_FILE environment variables"
+        )
     assert phrase is not None
     if read_document(stack).get("encryptionsalt") != salt_for(phrase):
         fail("incorrect passphrase")
@@ -197,13 +205,17 @@ def cmd_stack(positional: list[str], options: dict[str, str | bool]) -> None:
         if require_backend().startswith(SELF_MANAGED):
             phrase = passphrase()
             if phrase is None:
-                fail("passphrase must be set with PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE "
-                     "environment variables")
+                fail(
+                    "passphrase must be set with PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE "
+                    "environment variables"
+                )
             assert phrase is not None
             if "encryptionsalt" in document and document["encryptionsalt"] != salt_for(phrase):
                 fail("incorrect passphrase")
-            document = {"encryptionsalt": salt_for(phrase), **{k: v for k, v in document.items()
-                                                               if k != "encryptionsalt"}}
+            document = {
+                "encryptionsalt": salt_for(phrase),
+                **{k: v for k, v in document.items() if k != "encryptionsalt"},
+            }
         if document:
             write_document(name, document)
         existing[name] = {}
@@ -244,8 +256,10 @@ def exported(value: Any, show_secrets: bool) -> Any:
     if isinstance(value, dict) and set(value) == {"secret"}:
         if show_secrets:
             return {SECRET_SIG_KEY: SECRET_SIG, "plaintext": json.dumps(value["secret"])}
-        return {SECRET_SIG_KEY: SECRET_SIG, "ciphertext": "v1:fake:" + hashlib.sha256(
-            json.dumps(value["secret"]).encode()).hexdigest()[:16]}
+        return {
+            SECRET_SIG_KEY: SECRET_SIG,
+            "ciphertext": "v1:fake:" + hashlib.sha256(json.dumps(value["secret"]).encode()).hexdigest()[:16],
+        }
     if isinstance(value, dict):
         return {k: exported(v, show_secrets) for k, v in value.items()}
     if isinstance(value, list):
@@ -257,8 +271,13 @@ def default_vsphere_provider(stack: str, config: dict[str, Any], secret_keys: se
     from components.tools.offline import default_provider_inputs
 
     inputs = {"version": "4.13.1", **default_provider_inputs(config, secret_keys)["vsphere"]}
-    return {"urn": f"urn:pulumi:{stack}::labs-k8s::pulumi:providers:vsphere::default_4_13_1", "custom": True,
-            "id": "fake-provider-id", "type": "pulumi:providers:vsphere", "inputs": inputs}
+    return {
+        "urn": f"urn:pulumi:{stack}::labs-k8s::pulumi:providers:vsphere::default_4_13_1",
+        "custom": True,
+        "id": "fake-provider-id",
+        "type": "pulumi:providers:vsphere",
+        "inputs": inputs,
+    }
 
 
 def cmd_config(positional: list[str], options: dict[str, str | bool]) -> None:
@@ -313,8 +332,11 @@ def cmd_config(positional: list[str], options: dict[str, str | bool]) -> None:
 
 
 def secret_config_keys(stack: str) -> set[str]:
-    return {key for key, value in (read_document(stack).get("config") or {}).items()
-            if isinstance(value, dict) and set(value) == {"secure"}}
+    return {
+        key
+        for key, value in (read_document(stack).get("config") or {}).items()
+        if isinstance(value, dict) and set(value) == {"secure"}
+    }
 
 
 def decrypted_config(stack: str) -> dict[str, Any]:
@@ -368,12 +390,18 @@ def cmd_run(command: str, options: dict[str, str | bool]) -> None:
     from components.tools.offline import EnginePanic, run_program
 
     deployment = stacks()[stack].get("deployment")
-    previous = None if deployment is None else {
-        r["urn"]: {"type": r["type"], "outputs": r.get("outputs") or {}} for r in deployment.get("resources") or []}
+    previous = (
+        None
+        if deployment is None
+        else {
+            r["urn"]: {"type": r["type"], "outputs": r.get("outputs") or {}} for r in deployment.get("resources") or []
+        }
+    )
     organization = "organization" if require_backend().startswith(SELF_MANAGED) else "tester"
     try:
-        run = run_program(stack, overrides=config, preview=command == "preview", previous=previous,
-                          organization=organization)
+        run = run_program(
+            stack, overrides=config, preview=command == "preview", previous=previous, organization=organization
+        )
     except EnginePanic as panic:
         print(f"{panic}\n\ngoroutine 1 [running]: (fake pulumi)", file=sys.stderr)
         sys.exit(2)
@@ -383,10 +411,16 @@ def cmd_run(command: str, options: dict[str, str | bool]) -> None:
     if command == "up":
         existing = stacks()
         existing[stack]["lastUpdate"] = read_document(stack)
-        existing[stack]["deployment"] = {"manifest": {}, "resources": [
-            default_vsphere_provider(stack, config, secret_config_keys(stack)),
-            *({"urn": urn, "type": entry["type"], "outputs": entry["outputs"]}
-              for urn, entry in run.previous_state().items())]}
+        existing[stack]["deployment"] = {
+            "manifest": {},
+            "resources": [
+                default_vsphere_provider(stack, config, secret_config_keys(stack)),
+                *(
+                    {"urn": urn, "type": entry["type"], "outputs": entry["outputs"]}
+                    for urn, entry in run.previous_state().items()
+                ),
+            ],
+        }
         save_stacks(existing)
     print(f"Resources:\n    + {len(run.registrations)} to create (fake {command}: recorded, nothing sent)")
 

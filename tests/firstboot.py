@@ -263,8 +263,21 @@ def _make_disk(root: Path, disk_gib: int, root_uuid: str, raw: Path, qcow2: Path
     assert partition.returncode == 0, partition.stderr
     blocks = (size - PARTITION_OFFSET) // 4096
     mkfs = run(
-        ["mkfs.ext4", "-q", "-F", "-b", "4096", "-U", root_uuid, "-d", str(root),
-         "-E", f"offset={PARTITION_OFFSET}", str(raw), str(blocks)],
+        [
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-b",
+            "4096",
+            "-U",
+            root_uuid,
+            "-d",
+            str(root),
+            "-E",
+            f"offset={PARTITION_OFFSET}",
+            str(raw),
+            str(blocks),
+        ],
     )
     assert mkfs.returncode == 0, mkfs.stderr
     convert = run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(qcow2)])
@@ -288,8 +301,11 @@ def _installed_rootfs(tarball: Path, packages: Sequence[str]) -> float:
     )
     if install.returncode != 0:
         shutil.rmtree(build, ignore_errors=True)
-        pytest.fail(f"installing {' '.join(packages)} in the rootfs failed:\n{install.stdout[-3000:]}\n"
-                    f"{install.stderr[-3000:]}", pytrace=False)
+        pytest.fail(
+            f"installing {' '.join(packages)} in the rootfs failed:\n{install.stdout[-3000:]}\n"
+            f"{install.stderr[-3000:]}",
+            pytrace=False,
+        )
     pack(root, tarball)
     shutil.rmtree(build, ignore_errors=True)
     return round(time.monotonic() - started, 1)
@@ -425,37 +441,60 @@ class Clone:
 def qemu_argv(image: TemplateImage, clone: Clone) -> list[str]:
     argv = [
         "qemu-system-x86_64",
-        "-machine", "q35,accel=tcg,vmport=off",
+        "-machine",
+        "q35,accel=tcg,vmport=off",
         # No CPUID hypervisor leaf: TCG's would say "QEMU" first; without it systemd-detect-virt
         # reads the SMBIOS vendor below and says "vmware", as on vSphere (where CPUID says it too).
-        "-cpu", "qemu64,hypervisor=off",
+        "-cpu",
+        "qemu64,hypervisor=off",
         # Native PCIe hotplug on the root ports, as on vSphere: pciehp reads their slot numbers.
-        "-global", "ICH9-LPC.acpi-pci-hotplug-with-bridge-support=off",
-        "-m", str(CLONE_MEMORY_MIB),
-        "-smp", "1",
-        "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
-        "-serial", f"file:{clone.console}",
-        "-smbios", f"type=1,manufacturer={SMBIOS_VENDOR.replace(',', ',,')},product={SMBIOS_PRODUCT}",
-        "-uuid", str(uuid.uuid5(uuid.NAMESPACE_DNS, clone.node.name)),
-        "-kernel", str(image.kernel),
-        "-initrd", str(image.initrd),
-        "-append", f"root=UUID={image.facts['root_uuid']} ro console=ttyS0,115200 init={INIT_IN_IMAGE}",
-        "-fw_cfg", f"name={FW_CFG_NAME},file={clone.workdir / 'guestinfo.conf'}",
+        "-global",
+        "ICH9-LPC.acpi-pci-hotplug-with-bridge-support=off",
+        "-m",
+        str(CLONE_MEMORY_MIB),
+        "-smp",
+        "1",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-serial",
+        f"file:{clone.console}",
+        "-smbios",
+        f"type=1,manufacturer={SMBIOS_VENDOR.replace(',', ',,')},product={SMBIOS_PRODUCT}",
+        "-uuid",
+        str(uuid.uuid5(uuid.NAMESPACE_DNS, clone.node.name)),
+        "-kernel",
+        str(image.kernel),
+        "-initrd",
+        str(image.initrd),
+        "-append",
+        f"root=UUID={image.facts['root_uuid']} ro console=ttyS0,115200 init={INIT_IN_IMAGE}",
+        "-fw_cfg",
+        f"name={FW_CFG_NAME},file={clone.workdir / 'guestinfo.conf'}",
     ]
     for chassis, (port, address, slot) in enumerate(PCI_LAYOUT, start=1):
         multifunction = ",multifunction=on" if address.endswith(".0") and address.startswith("0x15") else ""
         slot_arg = f",slot={slot}" if slot else ""
-        argv += ["-device",
-                 f"pcie-root-port,id={port},bus=pcie.0,addr={address},chassis={chassis}{slot_arg}{multifunction}"]
+        argv += [
+            "-device",
+            f"pcie-root-port,id={port},bus=pcie.0,addr={address},chassis={chassis}{slot_arg}{multifunction}",
+        ]
     argv += ["-device", f"pvscsi,id=scsi0,bus={SCSI_PORT}"]
     for unit, (name, path) in enumerate(clone.disks.items()):
         argv += [
-            "-drive", f"if=none,id={name},file={path},format=qcow2,cache=unsafe,discard=unmap",
-            "-device", f"scsi-hd,bus=scsi0.0,scsi-id={unit},lun=0,drive={name}",
+            "-drive",
+            f"if=none,id={name},file={path},format=qcow2,cache=unsafe,discard=unmap",
+            "-device",
+            f"scsi-hd,bus=scsi0.0,scsi-id={unit},lun=0,drive={name}",
         ]
     argv += [
-        "-netdev", f"tap,id=nic0,ifname={clone.tap},script=no,downscript=no",
-        "-device", f"vmxnet3,netdev=nic0,mac={clone.mac},bus={NIC_PORT}",
+        "-netdev",
+        f"tap,id=nic0,ifname={clone.tap},script=no,downscript=no",
+        "-device",
+        f"vmxnet3,netdev=nic0,mac={clone.mac},bus={NIC_PORT}",
     ]
     return argv
 
@@ -538,7 +577,9 @@ class CloneLab:
         clone.started_at = time.monotonic()
         clone.process = subprocess.Popen(
             ["ip", "netns", "exec", self.ns, *qemu_argv(self.image, clone)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
 
@@ -592,12 +633,25 @@ class CloneLab:
     ) -> subprocess.CompletedProcess[str]:
         """`ssh user@ip COMMAND` with the bundle on stdin: what pulumi-command's remote.Command does."""
         return self.in_ns(
-            "ssh", "-i", str(self.private_key),
-            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", f"ConnectTimeout={connect_timeout}",
-            "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            "-o", "LogLevel=ERROR",
-            f"{self.ssh_user}@{clone.node.ip}", command,
-            input=stdin, timeout=timeout,
+            "ssh",
+            "-i",
+            str(self.private_key),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"ConnectTimeout={connect_timeout}",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "LogLevel=ERROR",
+            f"{self.ssh_user}@{clone.node.ip}",
+            command,
+            input=stdin,
+            timeout=timeout,
         )
 
 
@@ -618,8 +672,19 @@ def make_ssh_key(directory: Path) -> tuple[Path, str]:
 
 
 def tools_missing() -> list[str]:
-    tools = ("qemu-system-x86_64", "qemu-img", "debootstrap", "chroot", "tar", "mkfs.ext4", "sfdisk",
-             "ssh", "ssh-keygen", "ssh-keyscan", "ip")
+    tools = (
+        "qemu-system-x86_64",
+        "qemu-img",
+        "debootstrap",
+        "chroot",
+        "tar",
+        "mkfs.ext4",
+        "sfdisk",
+        "ssh",
+        "ssh-keygen",
+        "ssh-keyscan",
+        "ip",
+    )
     return [tool for tool in tools if shutil.which(tool) is None]
 
 

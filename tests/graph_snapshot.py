@@ -75,8 +75,11 @@ def _four_workers_two_at_once(version: str) -> dict[str, Any]:
     workers = {"hosts": [{"name": f"labs-k8s-w{i:02}", "ip": f"10.3.60.{60 + i}"} for i in range(1, 5)]}
     nodes = {**namespace()["nodes"], "workers": {**namespace()["nodes"]["workers"], **workers}}
     # Two more 60 GiB eager-zeroed disks need a longer vSphere timeout (components/fleet.py api_timeout_problem).
-    return {"labs-k8s:nodes": nodes, "vsphere:apiTimeout": "120",
-            **_kubernetes(version=version, upgrade={"workersAtOnce": 2})}
+    return {
+        "labs-k8s:nodes": nodes,
+        "vsphere:apiTimeout": "120",
+        **_kubernetes(version=version, upgrade={"workersAtOnce": 2}),
+    }
 
 
 def _failed_first_up(state: dict[str, Any]) -> dict[str, Any]:
@@ -111,18 +114,38 @@ def scenarios() -> dict[str, Callable[[], OfflineRun]]:
     lanes = once("lanes-created", lambda: run_program("labs", overrides=_four_workers_two_at_once("1.35.2")))
     return {
         "new-stack": created,
-        "join-retry": once("join-retry", lambda: run_program(
-            "labs", overrides=_kubernetes(version="1.35.2"), previous=_failed_first_up(created().previous_state()))),
-        "upgrade": once("upgrade", lambda: run_program(
-            "labs", overrides=_kubernetes(version="1.36.0"), previous=created().previous_state())),
-        "containerd-roll": once("containerd-roll", lambda: run_program(
-            "labs", overrides=_kubernetes(version="1.35.2", containerdVersion="2.1.5"),
-            previous=created().previous_state())),
-        "upgrade-in-lanes": once("upgrade-in-lanes", lambda: run_program(
-            "labs", overrides=_four_workers_two_at_once("1.36.0"), previous=lanes().previous_state())),
-        "kubeconfig-renewal": once("kubeconfig-renewal", lambda: run_program(
-            "labs", overrides=_kubernetes(version="1.35.2"),
-            previous=_kubeconfig_expiring(created().previous_state()))),
+        "join-retry": once(
+            "join-retry",
+            lambda: run_program(
+                "labs", overrides=_kubernetes(version="1.35.2"), previous=_failed_first_up(created().previous_state())
+            ),
+        ),
+        "upgrade": once(
+            "upgrade",
+            lambda: run_program("labs", overrides=_kubernetes(version="1.36.0"), previous=created().previous_state()),
+        ),
+        "containerd-roll": once(
+            "containerd-roll",
+            lambda: run_program(
+                "labs",
+                overrides=_kubernetes(version="1.35.2", containerdVersion="2.1.5"),
+                previous=created().previous_state(),
+            ),
+        ),
+        "upgrade-in-lanes": once(
+            "upgrade-in-lanes",
+            lambda: run_program(
+                "labs", overrides=_four_workers_two_at_once("1.36.0"), previous=lanes().previous_state()
+            ),
+        ),
+        "kubeconfig-renewal": once(
+            "kubeconfig-renewal",
+            lambda: run_program(
+                "labs",
+                overrides=_kubernetes(version="1.35.2"),
+                previous=_kubeconfig_expiring(created().previous_state()),
+            ),
+        ),
     }
 
 

@@ -81,8 +81,17 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
 def ensure_script_user(name: str) -> None:
     """The unprivileged user Keepalived runs check scripts as (as setup-balancer.sh creates it)."""
     if run("getent", "passwd", name, check=False).returncode != 0:
-        run("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-            "--shell", "/usr/sbin/nologin", name)
+        run(
+            "useradd",
+            "--system",
+            "--user-group",
+            "--no-create-home",
+            "--home-dir",
+            "/nonexistent",
+            "--shell",
+            "/usr/sbin/nologin",
+            name,
+        )
 
 
 def netns_list() -> list[str]:
@@ -209,14 +218,22 @@ class ScenarioResult:
 
     def summary(self) -> str:
         rec = "n/a" if self.recovered_after is None else f"{self.recovered_after:.2f}s"
-        return (f"{self.name}: recovered after {rec}, {self.failed}/{self.requests} failed, "
-                f"VIP on both in {self.dual_vip_samples}/{self.vip_samples} samples, backends {dict(self.backends)}"
-                + (f", failback: {self.failback_failed} failed" if self.failback_failed is not None else "")
-                + ("; " + "; ".join(self.notes) if self.notes else ""))
+        return (
+            f"{self.name}: recovered after {rec}, {self.failed}/{self.requests} failed, "
+            f"VIP on both in {self.dual_vip_samples}/{self.vip_samples} samples, backends {dict(self.backends)}"
+            + (f", failback: {self.failback_failed} failed" if self.failback_failed is not None else "")
+            + ("; " + "; ".join(self.notes) if self.notes else "")
+        )
 
 
-def analyse(name: str, records: list[ProbeRecord], samples: list[VipSample], fault_at: float,
-            window_end: float, in_flight: float = 0.1) -> ScenarioResult:
+def analyse(
+    name: str,
+    records: list[ProbeRecord],
+    samples: list[VipSample],
+    fault_at: float,
+    window_end: float,
+    in_flight: float = 0.1,
+) -> ScenarioResult:
     """Requests started from `in_flight` s before the fault (the one in flight when it struck)
     up to window_end. Older requests belong to the period before, even if they end later."""
     window = [r for r in records if r.start >= fault_at - in_flight and r.start <= window_end]
@@ -256,9 +273,16 @@ class Host:
 class NetnsLab:
     """Build with `with NetnsLab(cfg) as lab:`; everything is torn down on exit, even on failure."""
 
-    def __init__(self, cfg: LabConfig, vrrp_password: str = TEST_VRRP_PASSWORD, *,
-                 script_weight: int | None = None, probe_interval: float = 0.1, probe_timeout: float = 1.0,
-                 max_duration: float = 600) -> None:
+    def __init__(
+        self,
+        cfg: LabConfig,
+        vrrp_password: str = TEST_VRRP_PASSWORD,
+        *,
+        script_weight: int | None = None,
+        probe_interval: float = 0.1,
+        probe_timeout: float = 1.0,
+        max_duration: float = 600,
+    ) -> None:
         self.cfg = cfg
         self.vrrp_password = vrrp_password
         self.script_weight = script_weight
@@ -278,8 +302,9 @@ class NetnsLab:
         self._logs: list[Any] = []
         self.balancer_keys = [f"lb{i + 1}" for i in range(len(cfg.balancers))]
         self.apiserver_keys = [f"m{i + 1:02d}" for i in range(len(cfg.control_planes))]
-        self.apiserver_names = {key: node.name
-                                for key, node in zip(self.apiserver_keys, cfg.control_planes, strict=True)}
+        self.apiserver_names = {
+            key: node.name for key, node in zip(self.apiserver_keys, cfg.control_planes, strict=True)
+        }
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -304,9 +329,13 @@ class NetnsLab:
         ensure_script_user(lb.SCRIPT_USER)
         self._build_network()
         self._make_certificate()
-        paths = {key: lb.BalancerPaths(stats_socket=str(self.workdir / key / "admin.sock"),
-                                       check_script=str(self.workdir / "check_apiserver.sh"))
-                 for key in self.balancer_keys}
+        paths = {
+            key: lb.BalancerPaths(
+                stats_socket=str(self.workdir / key / "admin.sock"),
+                check_script=str(self.workdir / "check_apiserver.sh"),
+            )
+            for key in self.balancer_keys
+        }
         check = self.workdir / "check_apiserver.sh"
         check.write_text(lb.render_check_script(self.cfg))
         check.chmod(0o755)
@@ -314,8 +343,11 @@ class NetnsLab:
             (self.workdir / key).mkdir(mode=0o755)
             (self.workdir / key / "haproxy.cfg").write_text(lb.render_haproxy_cfg(self.cfg, paths=paths[key]))
             conf = self.workdir / key / "keepalived.conf"
-            conf.write_text(lb.render_keepalived_conf(self.cfg, node, self.vrrp_password, paths=paths[key],
-                                                      script_weight=self.script_weight))
+            conf.write_text(
+                lb.render_keepalived_conf(
+                    self.cfg, node, self.vrrp_password, paths=paths[key], script_weight=self.script_weight
+                )
+            )
             conf.chmod(0o640)
         for key in self.apiserver_keys:
             self.start_apiserver(key)
@@ -370,10 +402,13 @@ class NetnsLab:
         run("ip", "-n", bridge_ns, "link", "add", "br0", "type", "bridge")
         run("ip", "-n", bridge_ns, "link", "set", "br0", "up")
         plan: list[tuple[str, str, str]] = []
-        plan += [(key, str(node.ip), self.cfg.network.interface)
-                 for key, node in zip(self.balancer_keys, self.cfg.balancers, strict=True)]
-        plan += [(key, str(node.ip), "eth0")
-                 for key, node in zip(self.apiserver_keys, self.cfg.control_planes, strict=True)]
+        plan += [
+            (key, str(node.ip), self.cfg.network.interface)
+            for key, node in zip(self.balancer_keys, self.cfg.balancers, strict=True)
+        ]
+        plan += [
+            (key, str(node.ip), "eth0") for key, node in zip(self.apiserver_keys, self.cfg.control_planes, strict=True)
+        ]
         plan.append(("client", self._client_ip(), "eth0"))
         for index, (key, ip, iface) in enumerate(plan):
             ns = self._add_ns(key)
@@ -395,10 +430,26 @@ class NetnsLab:
 
     def _make_certificate(self) -> None:
         # One certificate for every stand-in, like kubeadm's apiserver cert with the VIP in its SANs.
-        run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", str(self.workdir / "apiserver.key"), "-out", str(self.workdir / "apiserver.crt"),
-            "-days", "1", "-subj", "/CN=kube-apiserver",
-            "-addext", f"subjectAltName=IP:{self.vip},DNS:kubernetes")
+        run(
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(self.workdir / "apiserver.key"),
+            "-out",
+            str(self.workdir / "apiserver.crt"),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=kube-apiserver",
+            "-addext",
+            f"subjectAltName=IP:{self.vip},DNS:kubernetes",
+        )
         (self.workdir / "apiserver.key").chmod(0o600)
 
     # ---------------------------------------------------------------- processes
@@ -410,8 +461,12 @@ class NetnsLab:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed in close()
         self._logs.append(log)
         # `ip netns exec` execs the command: the Popen PID is the daemon's own PID.
-        proc = subprocess.Popen(["ip", "netns", "exec", self.hosts[key].ns, *cmd], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.hosts[key].ns, *cmd],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         self.procs[name] = proc
         return proc
 
@@ -419,12 +474,25 @@ class NetnsLab:
         return [sys.executable, str(Path(__file__).resolve()), *args]
 
     def start_apiserver(self, key: str) -> None:
-        self._spawn(f"apiserver-{key}", key, *self._helper(
-            "apiserver", "--name", self.apiserver_names[key], "--port", str(APISERVER_PORT),
-            "--cert", str(self.workdir / "apiserver.crt"), "--key", str(self.workdir / "apiserver.key")))
+        self._spawn(
+            f"apiserver-{key}",
+            key,
+            *self._helper(
+                "apiserver",
+                "--name",
+                self.apiserver_names[key],
+                "--port",
+                str(APISERVER_PORT),
+                "--cert",
+                str(self.workdir / "apiserver.crt"),
+                "--key",
+                str(self.workdir / "apiserver.key"),
+            ),
+        )
         ns = self.hosts[key].ns
-        if not wait_until(lambda: bool(run("ip", "netns", "exec", ns, "ss", "-Hltn",
-                                           f"sport = :{APISERVER_PORT}").stdout.strip()), 10):
+        if not wait_until(
+            lambda: bool(run("ip", "netns", "exec", ns, "ss", "-Hltn", f"sport = :{APISERVER_PORT}").stdout.strip()), 10
+        ):
             raise RuntimeError(f"apiserver stand-in {key} did not listen\n{self.log_tail()}")
 
     def start_ssh_banner(self, key: str) -> None:
@@ -444,10 +512,13 @@ class NetnsLab:
 
     def ssh_banner_via_vip(self, port: int) -> str:
         """The greeting a client on the node network gets from VIP:port ('' when nothing answers)."""
-        code = ("import socket,sys\ntry:\n s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)\n"
-                " s.settimeout(2)\n print(s.recv(200).decode().strip())\nexcept OSError:\n print('')")
-        return run("ip", "netns", "exec", self.hosts["client"].ns, sys.executable, "-c", code, self.vip,
-                   str(port), check=False).stdout.strip()
+        code = (
+            "import socket,sys\ntry:\n s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)\n"
+            " s.settimeout(2)\n print(s.recv(200).decode().strip())\nexcept OSError:\n print('')"
+        )
+        return run(
+            "ip", "netns", "exec", self.hosts["client"].ns, sys.executable, "-c", code, self.vip, str(port), check=False
+        ).stdout.strip()
 
     def stop_apiserver(self, key: str, sig: int = signal.SIGTERM) -> None:
         """SIGTERM: the stand-in closes its listener and finishes in-flight requests (as the real
@@ -468,9 +539,22 @@ class NetnsLab:
 
     def start_keepalived(self, key: str) -> None:
         d = self.workdir / key
-        self._spawn(f"keepalived-{key}", key, "keepalived", "--dont-fork", "--log-console", "--log-detail",
-                    "--no-syslog", "--vrrp", "--use-file", str(d / "keepalived.conf"),
-                    "--pid", str(d / "keepalived.pid"), "--vrrp_pid", str(d / "vrrp.pid"))
+        self._spawn(
+            f"keepalived-{key}",
+            key,
+            "keepalived",
+            "--dont-fork",
+            "--log-console",
+            "--log-detail",
+            "--no-syslog",
+            "--vrrp",
+            "--use-file",
+            str(d / "keepalived.conf"),
+            "--pid",
+            str(d / "keepalived.pid"),
+            "--vrrp_pid",
+            str(d / "vrrp.pid"),
+        )
 
     def _signal_proc(self, name: str, key: str, sig: int) -> None:
         proc = self.procs[name]
@@ -531,10 +615,27 @@ class NetnsLab:
 
     def _start_prober(self) -> None:
         self.probe_file = self.workdir / "probe.jsonl"
-        self._spawn("prober", "client", *self._helper(
-            "probe", "--vip", self.vip, "--port", str(APISERVER_PORT), "--ca", str(self.workdir / "apiserver.crt"),
-            "--interval", str(self.probe_interval), "--timeout", str(self.probe_timeout),
-            "--duration", str(self.max_duration), "--out", str(self.probe_file)))
+        self._spawn(
+            "prober",
+            "client",
+            *self._helper(
+                "probe",
+                "--vip",
+                self.vip,
+                "--port",
+                str(APISERVER_PORT),
+                "--ca",
+                str(self.workdir / "apiserver.crt"),
+                "--interval",
+                str(self.probe_interval),
+                "--timeout",
+                str(self.probe_timeout),
+                "--duration",
+                str(self.max_duration),
+                "--out",
+                str(self.probe_file),
+            ),
+        )
 
     def records(self) -> list[ProbeRecord]:
         if not self.probe_file.exists():
@@ -571,8 +672,11 @@ class NetnsLab:
 
     def server_states(self, key: str, proxy: str = "kube-apiserver") -> dict[str, str]:
         """Server -> HAProxy status (UP, DOWN, `UP 1/2`...) of one proxy, through the admin stats socket."""
-        return {row["svname"]: row["status"] for row in self._stats(key)
-                if row["pxname"] == proxy and row["svname"] not in ("FRONTEND", "BACKEND")}
+        return {
+            row["svname"]: row["status"]
+            for row in self._stats(key)
+            if row["pxname"] == proxy and row["svname"] not in ("FRONTEND", "BACKEND")
+        }
 
     def wait_steady(self, timeout: float = 20) -> bool:
         """VIP on the first balancer only, every backend UP there, the client succeeding."""
@@ -583,8 +687,11 @@ class NetnsLab:
                 states = self.server_states(first)
             except OSError:
                 return False
-            return (self.vip_holders() == {first} and all(s == "UP" for s in states.values())
-                    and self.recent_ok(time.monotonic() - 1.0, 5))
+            return (
+                self.vip_holders() == {first}
+                and all(s == "UP" for s in states.values())
+                and self.recent_ok(time.monotonic() - 1.0, 5)
+            )
 
         return wait_until(steady, timeout, 0.1)
 
@@ -623,19 +730,29 @@ def haproxy_dead_bound(cfg: LabConfig) -> float:
 
 def _require_steady(lab: NetnsLab, scenario: str) -> None:
     if not lab.wait_steady(timeout=20):
-        raise RuntimeError(f"{scenario}: the lab is not in its steady state (VIP on "
-                           f"{sorted(lab.vip_holders())})\n{lab.log_tail()}")
+        raise RuntimeError(
+            f"{scenario}: the lab is not in its steady state (VIP on {sorted(lab.vip_holders())})\n{lab.log_tail()}"
+        )
 
 
 def _observe_processes(lab: NetnsLab) -> dict[str, Any]:
     """Per-namespace process census: which balancer runs which daemon right now."""
-    return {f"{cmd}@{key}": len(lab.running_in(key, cmd))
-            for key in lab.balancer_keys for cmd in ("haproxy", "keepalived")}
+    return {
+        f"{cmd}@{key}": len(lab.running_in(key, cmd)) for key in lab.balancer_keys for cmd in ("haproxy", "keepalived")
+    }
 
 
-def _fail_over_and_back(lab: NetnsLab, name: str, inject: Callable[[], Any], restore: Callable[[Any], None],
-                        bound: float | None, goal: float | None, *, frozen: bool = False,
-                        hold: float = 1.0) -> ScenarioResult:
+def _fail_over_and_back(
+    lab: NetnsLab,
+    name: str,
+    inject: Callable[[], Any],
+    restore: Callable[[Any], None],
+    bound: float | None,
+    goal: float | None,
+    *,
+    frozen: bool = False,
+    hold: float = 1.0,
+) -> ScenarioResult:
     _require_steady(lab, name)
     fault_at = time.monotonic()
     token = inject()
@@ -695,8 +812,7 @@ def scenario_frozen(lab: NetnsLab) -> ScenarioResult:
         frozen.extend(lab.freeze("lb1"))
         return frozen
 
-    result = _fail_over_and_back(lab, "lb1 frozen (SIGSTOP)", inject, lab.thaw, vrrp_bound(lab.cfg), 3.7,
-                                 frozen=True)
+    result = _fail_over_and_back(lab, "lb1 frozen (SIGSTOP)", inject, lab.thaw, vrrp_bound(lab.cfg), 3.7, frozen=True)
     result.notes.append(f"froze {len(frozen)} processes")
     return result
 
@@ -814,8 +930,10 @@ def apiserver_main(args: argparse.Namespace) -> int:
 
 def _probe_once(vip: str, port: int, context: ssl.SSLContext, timeout: float) -> tuple[bool, str | None, str | None]:
     try:
-        with (socket.create_connection((vip, port), timeout=timeout) as raw,
-              context.wrap_socket(raw, server_hostname=vip) as tls):
+        with (
+            socket.create_connection((vip, port), timeout=timeout) as raw,
+            context.wrap_socket(raw, server_hostname=vip) as tls,
+        ):
             tls.sendall(f"GET /healthz HTTP/1.1\r\nHost: {vip}\r\nConnection: close\r\n\r\n".encode())
             data = b""
             while chunk := tls.recv(4096):

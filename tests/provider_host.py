@@ -242,8 +242,11 @@ class ProviderHost:
 
     def check(self, urn: str, olds: struct_pb2.Struct, news: struct_pb2.Struct) -> provider_pb2.CheckResponse:
         request = provider_pb2.CheckRequest(
-            urn=urn, name=urn.rsplit("::", 1)[-1], type=urn.split("::")[2].rsplit("$", 1)[-1],
-            olds=self.marshal(olds), news=self.marshal(news),
+            urn=urn,
+            name=urn.rsplit("::", 1)[-1],
+            type=urn.split("::")[2].rsplit("$", 1)[-1],
+            olds=self.marshal(olds),
+            news=self.marshal(news),
         )
         response = self._call("Check", self.stub.Check, request, DEFAULT_CALL_TIMEOUT_S)
         if response.failures:
@@ -251,10 +254,14 @@ class ProviderHost:
             raise ProviderError("Check", grpc.StatusCode.INVALID_ARGUMENT, reasons)
         return response
 
-    def diff(self, urn: str, id_: str, old_outputs: struct_pb2.Struct, news: struct_pb2.Struct,
-             old_inputs: struct_pb2.Struct) -> provider_pb2.DiffResponse:
+    def diff(
+        self, urn: str, id_: str, old_outputs: struct_pb2.Struct, news: struct_pb2.Struct, old_inputs: struct_pb2.Struct
+    ) -> provider_pb2.DiffResponse:
         request = provider_pb2.DiffRequest(
-            id=id_, urn=urn, olds=self.marshal(old_outputs), news=self.marshal(news),
+            id=id_,
+            urn=urn,
+            olds=self.marshal(old_outputs),
+            news=self.marshal(news),
             old_inputs=self.marshal(old_inputs),
         )
         return self._call("Diff", self.stub.Diff, request, DEFAULT_CALL_TIMEOUT_S)
@@ -263,23 +270,36 @@ class ProviderHost:
         request = provider_pb2.CreateRequest(urn=urn, properties=self.marshal(properties), timeout=timeout_s)
         return self._call("Create", self.stub.Create, request, timeout_s)
 
-    def update(self, urn: str, id_: str, old_outputs: struct_pb2.Struct, news: struct_pb2.Struct,
-               old_inputs: struct_pb2.Struct, timeout_s: float) -> provider_pb2.UpdateResponse:
+    def update(
+        self,
+        urn: str,
+        id_: str,
+        old_outputs: struct_pb2.Struct,
+        news: struct_pb2.Struct,
+        old_inputs: struct_pb2.Struct,
+        timeout_s: float,
+    ) -> provider_pb2.UpdateResponse:
         request = provider_pb2.UpdateRequest(
-            id=id_, urn=urn, olds=self.marshal(old_outputs), news=self.marshal(news),
-            old_inputs=self.marshal(old_inputs), timeout=timeout_s,
+            id=id_,
+            urn=urn,
+            olds=self.marshal(old_outputs),
+            news=self.marshal(news),
+            old_inputs=self.marshal(old_inputs),
+            timeout=timeout_s,
         )
         return self._call("Update", self.stub.Update, request, timeout_s)
 
-    def read(self, urn: str, id_: str, outputs: struct_pb2.Struct,
-             inputs: struct_pb2.Struct) -> provider_pb2.ReadResponse:
+    def read(
+        self, urn: str, id_: str, outputs: struct_pb2.Struct, inputs: struct_pb2.Struct
+    ) -> provider_pb2.ReadResponse:
         request = provider_pb2.ReadRequest(
             id=id_, urn=urn, properties=self.marshal(outputs), inputs=self.marshal(inputs)
         )
         return self._call("Read", self.stub.Read, request, DEFAULT_CALL_TIMEOUT_S)
 
-    def delete(self, urn: str, id_: str, outputs: struct_pb2.Struct, old_inputs: struct_pb2.Struct,
-               timeout_s: float) -> None:
+    def delete(
+        self, urn: str, id_: str, outputs: struct_pb2.Struct, old_inputs: struct_pb2.Struct, timeout_s: float
+    ) -> None:
         request = provider_pb2.DeleteRequest(
             id=id_, urn=urn, properties=self.marshal(outputs), old_inputs=self.marshal(old_inputs), timeout=timeout_s
         )
@@ -315,8 +335,9 @@ class EngineResource:
     long as the command), configured with that command's stack config.
     """
 
-    def __init__(self, urn: str, timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
-                 environment: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, urn: str, timeout_s: float = DEFAULT_CALL_TIMEOUT_S, environment: Mapping[str, str] | None = None
+    ) -> None:
         self.urn = urn
         self.timeout_s = timeout_s
         self.environment = environment
@@ -348,13 +369,15 @@ class EngineResource:
             return checked, Step("replace", tuple(diff.replaces), bool(diff.deleteBeforeReplace))
         return checked, Step("update")
 
-    def preview(self, registered: struct_pb2.Struct, config: Mapping[str, str],
-                secret_keys: list[str] | tuple[str, ...]) -> Step:
+    def preview(
+        self, registered: struct_pb2.Struct, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...]
+    ) -> Step:
         with self.host(config, secret_keys) as host:
             return self._plan(host, registered)[1]
 
-    def up(self, registered: struct_pb2.Struct, config: Mapping[str, str],
-           secret_keys: list[str] | tuple[str, ...]) -> Step:
+    def up(
+        self, registered: struct_pb2.Struct, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...]
+    ) -> Step:
         with self.host(config, secret_keys) as host:
             checked, step = self._plan(host, registered)
             old = self.state
@@ -421,4 +444,3 @@ __all__ = [
     "proxy_free_environment",
     "to_struct",
 ]
-

@@ -53,8 +53,16 @@ def toolchain_bin() -> Path:
 
 def workspace_copy(destination: Path) -> Path:
     """The checkout's tracked files, as a user's clone has them, plus the project's virtualenv."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
-                           capture_output=True, check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         source = REPO_ROOT / name
         if source.is_file():
@@ -125,16 +133,24 @@ class EngineLab:
             env["CI"] = os.environ["CI"]
         return env
 
-    def run(self, name: str, *cmd: str, stdin: str | None = None, timeout: float = 600,
-            env: dict[str, str] | None = None) -> Result:
+    def run(
+        self, name: str, *cmd: str, stdin: str | None = None, timeout: float = 600, env: dict[str, str] | None = None
+    ) -> Result:
         """`cmd` inside the namespace, from the workspace; output kept as an artifact."""
         self.artifacts.mkdir(parents=True, exist_ok=True)
         log = self.artifacts / f"{len(self.results):02d}-{name}.log"
         started = time.monotonic()
         try:
-            proc = subprocess.run(["ip", "netns", "exec", self.netns, *cmd], cwd=self.workspace,
-                                  env=env or self.env(), input=stdin, capture_output=True, text=True,
-                                  timeout=timeout, check=False)
+            proc = subprocess.run(
+                ["ip", "netns", "exec", self.netns, *cmd],
+                cwd=self.workspace,
+                env=env or self.env(),
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
             returncode, stdout, output = proc.returncode, proc.stdout, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as expired:
             returncode, stdout = -1, ""
@@ -150,11 +166,30 @@ class EngineLab:
             assert result.ok, f"pulumi {' '.join(args)} failed:\n{result.output[-4000:]}"
         return result
 
-    def engine(self, op: str, *targets: str, program: str = "main", expect_no_changes: bool = False,
-               refresh: bool = False, timeout: float = 900) -> Result:
+    def engine(
+        self,
+        op: str,
+        *targets: str,
+        program: str = "main",
+        expect_no_changes: bool = False,
+        refresh: bool = False,
+        timeout: float = 900,
+    ) -> Result:
         """`preview`/`up` of the workspace's program on the real CLI (tests/engine_driver.py)."""
-        args = ["python", "-m", "tests.engine_driver", "--stack", self.stack, "--pulumi-root", str(self.bin_dir.parent),
-                "--op", op, "--program", program, *[f"--target={t}" for t in targets]]
+        args = [
+            "python",
+            "-m",
+            "tests.engine_driver",
+            "--stack",
+            self.stack,
+            "--pulumi-root",
+            str(self.bin_dir.parent),
+            "--op",
+            op,
+            "--program",
+            program,
+            *[f"--target={t}" for t in targets],
+        ]
         if expect_no_changes:
             args.append("--expect-no-changes")
         if refresh:
@@ -162,8 +197,7 @@ class EngineLab:
         return self.run(f"engine-{op}", *args, timeout=timeout)
 
     def make(self, *targets: str, timeout: float = 900) -> Result:
-        return self.run("make-" + "-".join(targets), "make", *targets, timeout=timeout,
-                        env=self.env(STACK=self.stack))
+        return self.run("make-" + "-".join(targets), "make", *targets, timeout=timeout, env=self.env(STACK=self.stack))
 
     def stack_export(self) -> dict[str, Any]:
         return json.loads(self.pulumi("stack", "export", "--stack", self.stack).stdout)
@@ -238,8 +272,14 @@ def readme_setup(lab: EngineLab, iso_sha256: str, iso_name: str) -> None:
     # vcsim's certificate is self-signed and made at each start: the documented alternative to
     # trusting a CA (docs/runbook.md, "Trusting the vCenter certificate").
     lab.pulumi("config", "set", *stack, "vsphere:allowUnverifiedSsl", "true")
-    site = {"vsphere.datacenter": "DC0", "vsphere.computeCluster": "DC0_C0", "vsphere.datastore": "LocalDS_0",
-            "vsphere.network": "VM Network", "vsphere.folder": "labs-k8s",
-            "template.isoUrl": f"{lab.iso_url}/{iso_name}", "template.isoSha256": iso_sha256}
+    site = {
+        "vsphere.datacenter": "DC0",
+        "vsphere.computeCluster": "DC0_C0",
+        "vsphere.datastore": "LocalDS_0",
+        "vsphere.network": "VM Network",
+        "vsphere.folder": "labs-k8s",
+        "template.isoUrl": f"{lab.iso_url}/{iso_name}",
+        "template.isoSha256": iso_sha256,
+    }
     for key_path, value in site.items():
         lab.pulumi("config", "set", *stack, "--path", f"labs-k8s:{key_path}", value)

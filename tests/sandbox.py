@@ -23,8 +23,9 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def project_files() -> list[str]:
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO_ROOT,
-                            capture_output=True, check=True).stdout.decode()
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO_ROOT, capture_output=True, check=True
+    ).stdout.decode()
     return [name for name in listed.split("\0") if name and (REPO_ROOT / name).is_file()]
 
 
@@ -59,15 +60,23 @@ class Sandbox:
 
     def install_cli(self) -> None:
         wrapper = self.bin / "pulumi"
-        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_PULUMI} \"$@\"\n")
+        wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_PULUMI} "$@"\n')
         wrapper.chmod(0o755)
 
     def run(self, script: str, stdin: str = "", timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
         """`bash -euo pipefail` on a script file, in the repository copy, with the sandbox's environment."""
         path = self.root / "script.sh"
         path.write_text(script)
-        return subprocess.run(["bash", "-euo", "pipefail", str(path)], cwd=self.repo, input=stdin,
-                              env={**self.env, **env}, capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            ["bash", "-euo", "pipefail", str(path)],
+            cwd=self.repo,
+            input=stdin,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def make(self, *args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess[str]:
         return self.run("make " + " ".join(args) + "\n", stdin=stdin, **env)

@@ -68,8 +68,8 @@ DEFAULT_STUBS: dict[str, str] = {
     "ethtool": "exit 0",
     "timedatectl": "exit 0",
     "ufw": "exit 0",
-    "sysctl": 'if [[ $1 == -n ]]; then echo 1; fi',
-    "dpkg": 'if [[ $1 == --print-architecture ]]; then echo amd64; fi',
+    "sysctl": "if [[ $1 == -n ]]; then echo 1; fi",
+    "dpkg": "if [[ $1 == --print-architecture ]]; then echo amd64; fi",
     # The fingerprint of whichever key curl "downloaded" (its body names the repository).
     "gpg": r"""
 case $(cat "${*: -1}") in
@@ -226,8 +226,9 @@ class ShellHarness:
     its own with this node in it.
     """
 
-    def __init__(self, tmp_path: Path, node: str = "labs-k8s-m01", ip: str = "10.3.60.51",
-                 cluster: Path | None = None) -> None:
+    def __init__(
+        self, tmp_path: Path, node: str = "labs-k8s-m01", ip: str = "10.3.60.51", cluster: Path | None = None
+    ) -> None:
         self.base = tmp_path
         self.node = node
         self.ip = ip
@@ -378,8 +379,12 @@ class ClusterLab:
         old = self.nodes[name]
         with self.edit() as state:
             role = state["hosts"][name]["role"]
-        fresh = ShellHarness(self.base / f"{name}-replaced-{len(list(self.base.glob(name + '-replaced-*')))}",
-                             node=name, ip=old.ip, cluster=self.dir)
+        fresh = ShellHarness(
+            self.base / f"{name}-replaced-{len(list(self.base.glob(name + '-replaced-*')))}",
+            node=name,
+            ip=old.ip,
+            cluster=self.dir,
+        )
         self.nodes[name] = fresh
         with self.edit() as state:
             state["hosts"][name] = {"ip": old.ip, "role": role, "root": str(fresh.root), "up": True, "kubelet": False}

@@ -48,7 +48,7 @@ def test_contains_is_go_s_property_path_contains():
     # sdk/go/common/resource/properties_path.go: `foo["bar"][1]` contains `foo.bar[1].baz`.
     assert path_contains(parse_property_path('foo["bar"][1]'), parse_property_path("foo.bar[1].baz"))
     assert path_contains(("foo", "*", "baz"), ("foo", "bar", "baz", "bam"))
-    assert not path_contains(('extraConfig', 'guestinfo.userdata'), ("extraConfig",))  # a shallower change
+    assert not path_contains(("extraConfig", "guestinfo.userdata"), ("extraConfig",))  # a shallower change
     assert not path_contains(("disks", 1), ("disks", 0, "size"))
 
 
@@ -63,21 +63,37 @@ def test_ignore_changes_puts_the_old_value_back():
     old = {"clone": {"templateUuid": "old"}, "extraConfig": {"a": "1", "b": "2"}, "n": 1}
     new = {"clone": {"templateUuid": "new"}, "extraConfig": {"a": "9", "b": "9"}, "n": 2}
     assert apply_ignore_changes(old, new, ["clone", 'extraConfig["a"]']) == {
-        "clone": {"templateUuid": "old"}, "extraConfig": {"a": "1", "b": "9"}, "n": 2,
+        "clone": {"templateUuid": "old"},
+        "extraConfig": {"a": "1", "b": "9"},
+        "n": 2,
     }
 
 
 # --------------------------------------------------------------------------- engine rules on small graphs
 
 
-def _reg(name: str, type_: str, inputs: dict[str, Any], *, deps: dict[str, list[str]] | None = None,
-         depends_on: list[str] | None = None, replace_on_changes: tuple[str, ...] = (),
-         ignore_changes: tuple[str, ...] = (), dbr: bool = False) -> Registration:
+def _reg(
+    name: str,
+    type_: str,
+    inputs: dict[str, Any],
+    *,
+    deps: dict[str, list[str]] | None = None,
+    depends_on: list[str] | None = None,
+    replace_on_changes: tuple[str, ...] = (),
+    ignore_changes: tuple[str, ...] = (),
+    dbr: bool = False,
+) -> Registration:
     reg = Registration(
-        type=type_, name=name, urn=f"urn:{name}", parent="", custom=True,
+        type=type_,
+        name=name,
+        urn=f"urn:{name}",
+        parent="",
+        custom=True,
         dependencies=[f"urn:{d}" for d in [*(depends_on or []), *[x for v in (deps or {}).values() for x in v]]],
         property_dependencies={k: [f"urn:{d}" for d in v] for k, v in (deps or {}).items()},
-        replace_on_changes=replace_on_changes, ignore_changes=ignore_changes, delete_before_replace=dbr,
+        replace_on_changes=replace_on_changes,
+        ignore_changes=ignore_changes,
+        delete_before_replace=dbr,
     )
     reg.__dict__["plain_inputs"] = inputs  # cached_property: what the wire form would decode to
     reg.__dict__["plain_outputs"] = {}
@@ -94,8 +110,13 @@ def _vm(name: str, **inputs: Any) -> dict[str, Any]:
 
 def test_replace_on_changes_path_and_the_dependents_it_renews():
     def graph(userdata: str) -> OfflineRun:
-        vm = _reg("vm", VM, _vm("vm", extraConfig={"guestinfo.userdata": userdata, "k": "1"}),
-                  replace_on_changes=('extraConfig["guestinfo.userdata"]',), dbr=True)
+        vm = _reg(
+            "vm",
+            VM,
+            _vm("vm", extraConfig={"guestinfo.userdata": userdata, "k": "1"}),
+            replace_on_changes=('extraConfig["guestinfo.userdata"]',),
+            dbr=True,
+        )
         ready = _reg("ready", COMMAND, {"create": "x", "triggers": ["h", "vm-id"]}, deps={"triggers": ["vm"]})
         after = _reg("after", COMMAND, {"create": "y", "triggers": ["h2", "ready-id"]}, deps={"triggers": ["ready"]})
         other = _reg("other", COMMAND, {"create": "z"}, depends_on=["vm"])  # no data from the VM: untouched
@@ -103,15 +124,15 @@ def test_replace_on_changes_path_and_the_dependents_it_renews():
 
     plan = plan_changes(graph("u1"), graph("u2"))
     # In execution order: the delete-first halves come first, dependents before the VM.
-    assert [(e.name, e.action) for e in plan.effects] == [("after", "replace"), ("ready", "replace"),
-                                                          ("vm", "replace")]
+    assert [(e.name, e.action) for e in plan.effects] == [("after", "replace"), ("ready", "replace"), ("vm", "replace")]
     vm = plan.effect("vm")
     assert vm is not None and vm.delete_before_replace and vm.inputs == ("extraConfig",)
     ready = plan.effect("ready")
     assert ready is not None and ready.cause == "replaced: vm"
     # Delete-before-replace: the dependents it renews are deleted before it, dependents first.
     assert [(s.kind, s.names) for s in plan.steps[:3]] == [
-        ("delete first (replaced)", ("after",)), ("delete first (replaced)", ("ready",)),
+        ("delete first (replaced)", ("after",)),
+        ("delete first (replaced)", ("ready",)),
         ("delete first (replaced)", ("vm",)),
     ]
     assert [s.kind for s in plan.steps[3:]] == ["create replacement"] * 3
@@ -137,8 +158,14 @@ def test_vm_force_new_and_reboot_rules():
     trigger = _run(_reg("vm", VM, _vm("vm", replaceTrigger="b", clone={"templateUuid": "t1", "timeout": 30})))
     timeout = _run(_reg("vm", VM, _vm("vm", replaceTrigger="a", clone={"templateUuid": "t1", "timeout": 60})))
     template = _run(_reg("vm", VM, _vm("vm", replaceTrigger="a", clone={"templateUuid": "t2", "timeout": 30})))
-    ignored = _run(_reg("vm", VM, _vm("vm", replaceTrigger="a", clone={"templateUuid": "t2", "timeout": 30}),
-                        ignore_changes=("clone",)))
+    ignored = _run(
+        _reg(
+            "vm",
+            VM,
+            _vm("vm", replaceTrigger="a", clone={"templateUuid": "t2", "timeout": 30}),
+            ignore_changes=("clone",),
+        )
+    )
     cpus = _run(_reg("vm", VM, _vm("vm", replaceTrigger="a", numCpus=4, clone={"templateUuid": "t1", "timeout": 30})))
     assert [e.action for e in plan_changes(before, trigger).effects] == ["replace"]
     assert [e.action for e in plan_changes(before, timeout).effects] == ["update"]
@@ -150,8 +177,9 @@ def test_vm_force_new_and_reboot_rules():
 def test_an_ignored_input_is_not_renewed_by_its_replaced_source():
     def graph(uuid: str) -> OfflineRun:
         template = _reg("template", changes.RANDOM_ID, {"byteLength": 8, "keepers": {"v": uuid}})
-        vm = _reg("vm", VM, _vm("vm", clone={"templateUuid": "x"}), deps={"clone": ["template"]},
-                  ignore_changes=("clone",))
+        vm = _reg(
+            "vm", VM, _vm("vm", clone={"templateUuid": "x"}), deps={"clone": ["template"]}, ignore_changes=("clone",)
+        )
         return _run(template, vm)
 
     plan = plan_changes(graph("1"), graph("2"))
@@ -173,7 +201,9 @@ def test_removed_resources_are_deleted_dependents_first():
     keep = _reg("keep", COMMAND, {"create": "z"})
     plan = plan_changes(_run(vm, ready, drain, keep), _run(keep))
     assert [(s.kind, s.names) for s in plan.steps] == [
-        ("delete", ("drain",)), ("delete", ("ready",)), ("delete", ("vm",)),
+        ("delete", ("drain",)),
+        ("delete", ("ready",)),
+        ("delete", ("vm",)),
     ]
 
 
@@ -229,8 +259,9 @@ def _plan_for(title_part: str, case_plans: dict[str, changes.Plan]) -> changes.P
     return plan
 
 
-@pytest.mark.parametrize("title_part", ["ssh.extraPublicKeys", "ssh.publicKey` +", "network.ntpServers",
-                                        "network.dnsServers"])
+@pytest.mark.parametrize(
+    "title_part", ["ssh.extraPublicKeys", "ssh.publicKey` +", "network.ntpServers", "network.dnsServers"]
+)
 def test_in_place_changes_rebuild_and_reboot_nothing(case_plans, title_part):
     """A key rotation or new NTP/DNS servers: guestinfo updated in place (no power cycle), the
     node-settings step re-runs; no VM is replaced."""
@@ -253,8 +284,11 @@ def test_a_key_rotation_hands_the_new_key_to_the_steps_whose_delete_runs_later(c
     replaced: that would run their delete), so removing a node or destroying the lab after a
     rotation logs in with the key the nodes trust now."""
     plan = _plan_for("ssh.publicKey` +", case_plans)
-    guards = {e.name: (e.action, e.inputs) for e in plan.effects
-              if e.name.endswith("-leave-cluster") or e.name == "teardown-guard"}
+    guards = {
+        e.name: (e.action, e.inputs)
+        for e in plan.effects
+        if e.name.endswith("-leave-cluster") or e.name == "teardown-guard"
+    }
     assert len(guards) == 6
     assert set(guards.values()) == {("update", ("connection",))}
 
@@ -291,7 +325,9 @@ def test_a_balancer_setting_re_runs_the_balancers_and_nothing_after_them(case_pl
     later step of the cluster (a one-line HAProxy change used to replace 14 steps)."""
     plan = _plan_for("loadBalancer.advertIntSeconds", case_plans)
     assert {(e.name, e.action) for e in plan.effects} == {
-        ("labs-k8s-lb01-lb-setup", "replace"), ("labs-k8s-lb02-lb-setup", "replace")}
+        ("labs-k8s-lb01-lb-setup", "replace"),
+        ("labs-k8s-lb02-lb-setup", "replace"),
+    }
 
 
 def test_a_rebuilt_template_leaves_the_nodes_alone(case_plans):

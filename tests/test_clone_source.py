@@ -37,8 +37,11 @@ def test_a_node_keeps_its_template_until_it_gets_a_new_vm(lab_namespace):
 
     # A second up, then a rebuilt template (a new Debian point release): the source stays.
     assert up(engine, run_program("labs")) == "same"
-    template = dict(lab_namespace["template"], isoUrl=lab_namespace["template"]["isoUrl"].replace("12.12", "12.13"),
-                    isoSha256="0" * 64)
+    template = dict(
+        lab_namespace["template"],
+        isoUrl=lab_namespace["template"]["isoUrl"].replace("12.12", "12.13"),
+        isoSha256="0" * 64,
+    )
     rebuilt = with_changes(lab_namespace, template=template)
     new_template = rebuilt.by_name("golden-template").plain_outputs["uuid"]
     assert new_template != created["template"]

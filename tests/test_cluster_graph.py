@@ -28,11 +28,14 @@ STACK_URN = "urn:pulumi:labs::labs-k8s::pulumi:pulumi:Stack::labs-k8s-labs"
 CLOUD_ORGANIZATION = "my-org"
 
 
-def run(namespace: dict[str, Any] | None = None, previous: dict[str, Any] | None = None,
-        sink: list[RecordingMonitor] | None = None, organization: str = "organization") -> OfflineRun:
+def run(
+    namespace: dict[str, Any] | None = None,
+    previous: dict[str, Any] | None = None,
+    sink: list[RecordingMonitor] | None = None,
+    organization: str = "organization",
+) -> OfflineRun:
     overrides = {f"labs-k8s:{k}": v for k, v in (namespace or {}).items()}
-    return run_program("labs", overrides=overrides, previous=previous, monitor_sink=sink,
-                       organization=organization)
+    return run_program("labs", overrides=overrides, previous=previous, monitor_sink=sink, organization=organization)
 
 
 def state_tokens(run: OfflineRun) -> list[str]:
@@ -41,8 +44,10 @@ def state_tokens(run: OfflineRun) -> list[str]:
 
 def changed_inputs(before: OfflineRun, after: OfflineRun) -> set[str]:
     return {
-        reg.name for reg in before.registrations.values()
-        if reg.custom and reg.name in {r.name for r in after.registrations.values()}
+        reg.name
+        for reg in before.registrations.values()
+        if reg.custom
+        and reg.name in {r.name for r in after.registrations.values()}
         and reg.plain_inputs != after.by_name(reg.name).plain_inputs
     }
 
@@ -62,20 +67,24 @@ def edited(state: dict[str, Any], name: str, change: Callable[[dict[str, Any]], 
 def control_planes(lab_namespace: dict[str, Any], count: int, first: int = 1) -> dict[str, Any]:
     nodes = lab_namespace["nodes"]
     nodes["controlPlanes"]["hosts"] = [
-        {"name": f"labs-k8s-m0{i}", "ip": f"10.3.60.{60 + i}"} for i in range(first, first + count)]
+        {"name": f"labs-k8s-m0{i}", "ip": f"10.3.60.{60 + i}"} for i in range(first, first + count)
+    ]
     return nodes
 
 
 def test_the_program_reads_its_previous_state_before_registering_anything(offline_run: OfflineRun) -> None:
     again = run(previous=offline_run.previous_state())
-    assert again.calls[:2] == [(READ_STACK_OUTPUTS, {"name": "organization/labs-k8s/labs"}),
-                               (READ_STACK_RESOURCE_OUTPUTS, {"stackName": "organization/labs-k8s/labs"})]
+    assert again.calls[:2] == [
+        (READ_STACK_OUTPUTS, {"name": "organization/labs-k8s/labs"}),
+        (READ_STACK_RESOURCE_OUTPUTS, {"stackName": "organization/labs-k8s/labs"}),
+    ]
 
 
 def test_the_mock_engine_dies_like_the_cli_on_a_new_self_managed_stack() -> None:
     """The model the next test stands on: pkg/backend/backend.go GetStackResourceOutputs panics on
     the nil snapshot of a stack `pulumi stack init` made on a self-managed backend; Pulumi Cloud
     answers an empty deployment; readStackOutputs is nil-safe on both."""
+
     def program() -> None:
         pulumi.runtime.invoke(READ_STACK_OUTPUTS, {"name": "organization/labs-k8s/labs"})
         with contextlib.suppress(Exception):  # what a program that catches everything would do
@@ -99,16 +108,21 @@ def failed_first_up(state: dict[str, Any], stack_outputs: dict[str, Any]) -> dic
     """A first `up` that created the VMs and m01, then failed at m02's join: no program output
     was registered, the stack resource has only what it had before."""
     failed = {urn: entry for urn, entry in state.items() if entry["type"] != "pulumi:pulumi:Stack"}
-    failed = without(without(without(failed, "labs-k8s-m02-kubeadm-join"), "labs-k8s-m03-kubeadm-join"),
-                     "verify-cluster")
+    failed = without(
+        without(without(failed, "labs-k8s-m02-kubeadm-join"), "labs-k8s-m03-kubeadm-join"), "verify-cluster"
+    )
     failed[STACK_URN] = {"type": "pulumi:pulumi:Stack", "outputs": stack_outputs}
     return failed
 
 
-@pytest.mark.parametrize(("organization", "stack_outputs"), [
-    ("organization", {INITIAL_DEPLOYMENT_OUTPUT: "make up"}),
-    (CLOUD_ORGANIZATION, {}),
-], ids=["self-managed-made-by-make-up", "pulumi-cloud"])
+@pytest.mark.parametrize(
+    ("organization", "stack_outputs"),
+    [
+        ("organization", {INITIAL_DEPLOYMENT_OUTPUT: "make up"}),
+        (CLOUD_ORGANIZATION, {}),
+    ],
+    ids=["self-managed-made-by-make-up", "pulumi-cloud"],
+)
 def test_a_first_up_that_failed_before_any_output_still_retries_with_fresh_join_material(
     offline_run: OfflineRun, organization: str, stack_outputs: dict[str, Any]
 ) -> None:
@@ -131,8 +145,10 @@ def test_a_self_managed_stack_without_outputs_is_read_as_new(offline_run: Offlin
 @pytest.fixture
 def unreadable_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(self: LabMocks, name: str) -> dict[str, Any]:
-        raise InvokeFailed(READ_STACK_OUTPUTS, 'failed to load checkpoint: blob (key ".pulumi/stacks/labs-k8s/'
-                                               'labs.json"): AccessDenied')
+        raise InvokeFailed(
+            READ_STACK_OUTPUTS,
+            'failed to load checkpoint: blob (key ".pulumi/stacks/labs-k8s/labs.json"): AccessDenied',
+        )
 
     monkeypatch.setattr(LabMocks, "_read_stack_outputs", refuse)
 
@@ -178,8 +194,11 @@ def test_a_join_retried_in_a_later_up_gets_fresh_join_material(offline_run: Offl
     assert changed_inputs(retry, run(previous=done)) == set()
 
 
-@pytest.mark.parametrize(("before", "after", "first_after"), [(3, 1, 1), (5, 1, 1), (5, 3, 4), (3, 3, 3)],
-                         ids=["3->1", "5->1", "5->3-three-replaced", "3-all-replaced"])
+@pytest.mark.parametrize(
+    ("before", "after", "first_after"),
+    [(3, 1, 1), (5, 1, 1), (5, 3, 4), (3, 3, 3)],
+    ids=["3->1", "5->1", "5->3-three-replaced", "3-all-replaced"],
+)
 def test_a_change_that_would_drop_etcd_below_quorum_is_refused_before_anything_is_registered(
     lab_namespace: dict[str, Any], before: int, after: int, first_after: int
 ) -> None:
@@ -217,8 +236,7 @@ def test_a_new_stack_skips_the_checks(lab_namespace: dict[str, Any]) -> None:
     assert run({"nodes": control_planes(lab_namespace, 3)}, previous=None).by_name("labs-k8s-m01-kubeadm-join")
 
 
-@pytest.mark.parametrize(("valid_until", "renewed"), [("2099-01-01T00:00:00Z", False),
-                                                      ("2000-01-01T00:00:00Z", True)])
+@pytest.mark.parametrize(("valid_until", "renewed"), [("2099-01-01T00:00:00Z", False), ("2000-01-01T00:00:00Z", True)])
 def test_the_kubeconfig_is_re_exported_before_its_certificate_lapses(
     offline_run: OfflineRun, valid_until: str, renewed: bool
 ) -> None:

@@ -104,9 +104,10 @@ def test_sixty_three_character_hostname_is_fine(lab_namespace):
 
 def test_duplicate_hostname(lab_namespace):
     hosts(lab_namespace, "workers")[1]["name"] = "labs-k8s-m01"
-    assert "already used by labs-k8s:nodes.controlPlanes.hosts[0].name" in problems(lab_namespace)[
-        "nodes.workers.hosts[1].name"
-    ]
+    assert (
+        "already used by labs-k8s:nodes.controlPlanes.hosts[0].name"
+        in problems(lab_namespace)["nodes.workers.hosts[1].name"]
+    )
 
 
 def test_even_number_of_control_planes(lab_namespace):
@@ -175,10 +176,14 @@ def test_unsupported_kubernetes_version(lab_namespace, version):
     [
         ({"containerdVersion": "2.2"}, "not a containerd release"),
         ({"containerdVersion": "latest"}, "not a containerd release"),
-        ({"containerdVersion": "1.7.28"},
-         "too old for Kubernetes 1.36.0 (labs-k8s:kubernetes.version); use 2.0 or newer"),
-        ({"version": "1.35.2", "containerdVersion": "1.6.20"},
-         "too old for Kubernetes 1.35.2 (labs-k8s:kubernetes.version); use 1.7"),
+        (
+            {"containerdVersion": "1.7.28"},
+            "too old for Kubernetes 1.36.0 (labs-k8s:kubernetes.version); use 2.0 or newer",
+        ),
+        (
+            {"version": "1.35.2", "containerdVersion": "1.6.20"},
+            "too old for Kubernetes 1.35.2 (labs-k8s:kubernetes.version); use 1.7",
+        ),
     ],
 )
 def test_containerd_version_is_a_release_the_kubernetes_minor_supports(lab_namespace, kubernetes, message):

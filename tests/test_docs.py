@@ -72,7 +72,11 @@ def test_components_commands_in_docs_parse(doc):
         if match:
             result = subprocess.run(
                 [sys.executable, "-m", "components", match.group(1), "--help"],
-                cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
             )
             assert result.returncode == 0, f"{doc.name}: {line}: {result.stderr}"
 
@@ -180,10 +184,16 @@ SAME_AT_EVERY_SITE = {
     "vsphere:allowUnverifiedSsl",  # false: trust vCenter's CA instead (README, step 5)
     "vsphere:apiTimeout",  # follows the disk sizes; the program names the value when they grow
     "labs-k8s:network.interface",  # ens192: VMXNET3 in the clone's first PCIe slot
-    "labs-k8s:template.diskGib", "labs-k8s:template.firmware", "labs-k8s:template.retainOnDestroy",
-    *(f"labs-k8s:nodes.{role}.{size}" for role in ("balancers", "controlPlanes", "workers")
-      for size in ("vcpu", "memoryMib")),
-    "labs-k8s:nodes.controlPlanes.dataDiskGib", "labs-k8s:nodes.workers.dataDiskGib",
+    "labs-k8s:template.diskGib",
+    "labs-k8s:template.firmware",
+    "labs-k8s:template.retainOnDestroy",
+    *(
+        f"labs-k8s:nodes.{role}.{size}"
+        for role in ("balancers", "controlPlanes", "workers")
+        for size in ("vcpu", "memoryMib")
+    ),
+    "labs-k8s:nodes.controlPlanes.dataDiskGib",
+    "labs-k8s:nodes.workers.dataDiskGib",
     "labs-k8s:kubernetes.version",
     "labs-k8s:ssh.user",
 }
@@ -216,11 +226,14 @@ def test_the_site_checklist_names_every_setting_a_site_changes():
 
     def listed(leaf: str) -> bool:
         # `labs-k8s:vsphere` `datacenter`, ...: the named sub-keys; `labs-k8s:antiAffinity` alone: all of it.
-        return any((leaf == full or leaf.startswith(f"{full}.")) and (not bare or leaf.rsplit(".", 1)[-1] in bare)
-                   for fulls, bare in rows for full in fulls)
+        return any(
+            (leaf == full or leaf.startswith(f"{full}.")) and (not bare or leaf.rsplit(".", 1)[-1] in bare)
+            for fulls, bare in rows
+            for full in fulls
+        )
 
     unlisted = [leaf for leaf in leaves if not listed(leaf) and leaf not in SAME_AT_EVERY_SITE]
-    assert not unlisted, f"README \"What to change for your site\" does not say what these must be: {unlisted}"
+    assert not unlisted, f'README "What to change for your site" does not say what these must be: {unlisted}'
     assert not [key for key in SAME_AT_EVERY_SITE if key not in leaves], "a key kept as it is, not in the example"
     assert not [key for key in SAME_AT_EVERY_SITE if listed(key)], "a key both listed and kept as it is"
 
@@ -235,7 +248,7 @@ def test_the_readme_kubeconfig_is_private_and_outside_the_checkout(tmp_path):
     block = re.search(r"<!-- kubeconfig -->\n```sh\n(.*?)```", readme, flags=re.S).group(1)
     box = Sandbox(tmp_path, with_cli=False)
     (box.bin / "pulumi").write_text("#!/bin/sh\necho 'apiVersion: v1  # client-key-data: SECRET'\n")
-    (box.bin / "kubectl").write_text("#!/bin/sh\necho \"kubectl $*\"\n")
+    (box.bin / "kubectl").write_text('#!/bin/sh\necho "kubectl $*"\n')
     for tool in ("pulumi", "kubectl"):
         (box.bin / tool).chmod(0o755)
     before = set(box.repo.rglob("*"))
@@ -259,7 +272,7 @@ def test_the_datastore_size_in_the_prerequisites_is_what_preflight_asks_for():
     from components.tools.offline import PLACEHOLDER_PUBLIC_KEY
 
     config = yaml.safe_load((REPO_ROOT / "Pulumi.labs.yaml").read_text())["config"]
-    raw = {key[len(NAMESPACE) + 1:]: value for key, value in config.items() if key.startswith(f"{NAMESPACE}:")}
+    raw = {key[len(NAMESPACE) + 1 :]: value for key, value in config.items() if key.startswith(f"{NAMESPACE}:")}
     raw["ssh"] = {**raw["ssh"], "publicKey": PLACEHOLDER_PUBLIC_KEY}
     spec = preflight_spec(load_lab_config(raw), "labs")
     disks = sum(sum(vm.disk_gib) for vm in spec.vms)
@@ -290,8 +303,9 @@ def test_the_ca_how_to_uses_only_what_step_one_installs(tmp_path):
     with zipfile.ZipFile(tmp_path / "vcenter-certs.zip", "w") as archive:
         for name in ("certs/lin/1a2b3c4d.0", "certs/lin/1a2b3c4d.r0", "certs/mac/1a2b3c4d.0", "certs/win/1a2b.crt"):
             archive.writestr(name, "-----BEGIN X509 CRL or CERTIFICATE-----\n")
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", extract], cwd=tmp_path, capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", extract], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "certs" / "lin" / "1a2b3c4d.0").is_file()
 
@@ -309,28 +323,54 @@ def test_a_users_command_blocks_name_their_stack_not_the_example(doc):
     """Copied as they are, `--stack labs` lines act on the example stack, not the reader's site
     (docs/pull-requests.md describes the workflow's own `labs` stack and keeps it)."""
     hard_coded = [line for line in code_lines(REPO_ROOT / doc) if re.search(r"--stack labs\b", line)]
-    assert not hard_coded, f"{doc}: use --stack \"$STACK\": {hard_coded}"
+    assert not hard_coded, f'{doc}: use --stack "$STACK": {hard_coded}'
 
 
 # --------------------------------------------------------------------------- docs/architecture.md's graph (issue 24)
 
 # The shape diagram's boxes, as the resources of the committed stack each stands for.
 SHAPE_GROUPS = {
-    "T": r"golden-template", "CS": r".*-clone-source", "VM": r"labs-k8s-(lb|m|w)\d+", "AA": r".*-anti-affinity",
-    "R": r".*-ready", "NS": r".*-node-settings", "LB": r".*-lb-setup", "P1": r"labs-k8s-m01-prepare",
-    "P": r"labs-k8s-(m0[2-9]|w\d+)-prepare", "I": r"labs-k8s-m01-kubeadm-init",
-    "L1": r"labs-k8s-m01-leave-cluster", "L2": r"labs-k8s-m02-leave-cluster", "L3": r"labs-k8s-m03-leave-cluster",
-    "LW": r"labs-k8s-w\d+-leave-cluster", "F1": r"labs-k8s-m01-refresh-join-material",
-    "F2": r"labs-k8s-m02-refresh-join-material", "F3": r"labs-k8s-m03-refresh-join-material",
-    "FW": r"labs-k8s-w\d+-refresh-join-material", "J1": r"labs-k8s-m01-kubeadm-join",
-    "J2": r"labs-k8s-m02-kubeadm-join", "J3": r"labs-k8s-m03-kubeadm-join", "JW": r"labs-k8s-w\d+-kubeadm-join",
-    "U1": r"labs-k8s-m01-upgrade", "U2": r"labs-k8s-m02-upgrade", "U3": r"labs-k8s-m03-upgrade",
-    "UD": r"labs-k8s-w\d+-upgrade-drain", "UW": r"labs-k8s-w\d+-upgrade", "UU": r"labs-k8s-w\d+-upgrade-uncordon",
-    "TG": r"teardown-guard", "FL": r"flannel", "KC": r"kubeconfig", "V": r"verify-cluster",
+    "T": r"golden-template",
+    "CS": r".*-clone-source",
+    "VM": r"labs-k8s-(lb|m|w)\d+",
+    "AA": r".*-anti-affinity",
+    "R": r".*-ready",
+    "NS": r".*-node-settings",
+    "LB": r".*-lb-setup",
+    "P1": r"labs-k8s-m01-prepare",
+    "P": r"labs-k8s-(m0[2-9]|w\d+)-prepare",
+    "I": r"labs-k8s-m01-kubeadm-init",
+    "L1": r"labs-k8s-m01-leave-cluster",
+    "L2": r"labs-k8s-m02-leave-cluster",
+    "L3": r"labs-k8s-m03-leave-cluster",
+    "LW": r"labs-k8s-w\d+-leave-cluster",
+    "F1": r"labs-k8s-m01-refresh-join-material",
+    "F2": r"labs-k8s-m02-refresh-join-material",
+    "F3": r"labs-k8s-m03-refresh-join-material",
+    "FW": r"labs-k8s-w\d+-refresh-join-material",
+    "J1": r"labs-k8s-m01-kubeadm-join",
+    "J2": r"labs-k8s-m02-kubeadm-join",
+    "J3": r"labs-k8s-m03-kubeadm-join",
+    "JW": r"labs-k8s-w\d+-kubeadm-join",
+    "U1": r"labs-k8s-m01-upgrade",
+    "U2": r"labs-k8s-m02-upgrade",
+    "U3": r"labs-k8s-m03-upgrade",
+    "UD": r"labs-k8s-w\d+-upgrade-drain",
+    "UW": r"labs-k8s-w\d+-upgrade",
+    "UU": r"labs-k8s-w\d+-upgrade-uncordon",
+    "TG": r"teardown-guard",
+    "FL": r"flannel",
+    "KC": r"kubeconfig",
+    "V": r"verify-cluster",
 }
 # The generated secrets: each node's key (rendering/sealed.py) too.
-NOT_DRAWN = {"bootstrap-token-id", "bootstrap-token-secret", "certificate-key", "vrrp-password",
-             *(f"labs-k8s-{n}-node-key" for n in ("lb01", "lb02", "m01", "m02", "m03", "w01", "w02"))}
+NOT_DRAWN = {
+    "bootstrap-token-id",
+    "bootstrap-token-secret",
+    "certificate-key",
+    "vrrp-password",
+    *(f"labs-k8s-{n}-node-key" for n in ("lb01", "lb02", "m01", "m02", "m03", "w01", "w02")),
+}
 
 
 def _architecture() -> str:

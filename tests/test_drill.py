@@ -454,8 +454,15 @@ def test_drain_drill_cordons_drains_uncordons(sim: SimLab) -> None:
     assert double.cordoned == set() and double.pods is None
     drain_event = texts(result)[index_of(result, "draining labs-k8s-w02")]
     assert "--ignore-daemonsets --delete-emptydir-data --timeout=" in drain_event
-    assert_in_order(result, "cordoned labs-k8s-w02", "draining", "measured: test pods Ready elsewhere",
-                    "uncordoned labs-k8s-w02", "removed the test deployment", "verdict: PASS")
+    assert_in_order(
+        result,
+        "cordoned labs-k8s-w02",
+        "draining",
+        "measured: test pods Ready elsewhere",
+        "uncordoned labs-k8s-w02",
+        "removed the test deployment",
+        "verdict: PASS",
+    )
 
 
 # --------------------------------------------------------------------------- failures and interrupts
@@ -469,8 +476,9 @@ def test_api_that_never_comes_back_fails_and_restores(sim: SimLab) -> None:
     assert double.observed_off == [M2]
     assert sim.all_on()  # powered back on although the drill failed
     assert any("the API did not answer through the VIP for" in f for f in result.failures), result.failures
-    assert_in_order(result, "powered off labs-k8s-m02", "FAILED: the API did not answer", "powered on labs-k8s-m02",
-                    "verdict: FAIL")
+    assert_in_order(
+        result, "powered off labs-k8s-m02", "FAILED: the API did not answer", "powered on labs-k8s-m02", "verdict: FAIL"
+    )
     assert "failed because:" in result.render()
 
 
@@ -493,8 +501,14 @@ def test_ctrl_c_mid_drill_restores_power_and_deployment(sim: SimLab, how: str) -
     assert double.observed_off == [W1]
     assert sim.all_on()
     assert double.pods is None and double.deleted == 1
-    assert_in_order(result, "powered off labs-k8s-w01", "interrupted (Ctrl-C / SIGTERM)", "powered on labs-k8s-w01",
-                    "removed the test deployment", "verdict: INTERRUPTED")
+    assert_in_order(
+        result,
+        "powered off labs-k8s-w01",
+        "interrupted (Ctrl-C / SIGTERM)",
+        "powered on labs-k8s-w01",
+        "removed the test deployment",
+        "verdict: INTERRUPTED",
+    )
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
 
 
@@ -559,8 +573,9 @@ def test_balancer_refuses_without_a_single_vip_holder(sim: SimLab) -> None:
     ClusterTestDouble._set_guest_ip(sim.double(), LB2, VIP)  # both report the VIP: split brain
     result = sim.run("balancer", sim.double())
     assert result.verdict == "REFUSED"
-    assert any(f.startswith("2 balancers report the VIP 10.3.60.100 (labs-k8s-lb01, labs-k8s-lb02)")
-               for f in result.failures)
+    assert any(
+        f.startswith("2 balancers report the VIP 10.3.60.100 (labs-k8s-lb01, labs-k8s-lb02)") for f in result.failures
+    )
     assert sim.all_on()
 
 
@@ -575,8 +590,11 @@ def test_refuses_a_target_of_the_wrong_role(sim: SimLab) -> None:
 
 @pytest.mark.parametrize(
     ("server", "host", "port"),
-    [("vcenter.labs.local", "vcenter.labs.local", 443), ("vcenter.labs.local:8443", "vcenter.labs.local", 8443),
-     ("[fd00::10]:8443", "fd00::10", 8443)],
+    [
+        ("vcenter.labs.local", "vcenter.labs.local", 443),
+        ("vcenter.labs.local:8443", "vcenter.labs.local", 8443),
+        ("[fd00::10]:8443", "fd00::10", 8443),
+    ],
 )
 def test_drill_login_reads_host_and_port_with_the_shared_parser(server: str, host: str, port: int) -> None:
     config = {"vsphere:vsphereServer": server, "vsphere:user": "u", "vsphere:password": "p"}
@@ -658,11 +676,25 @@ def test_dry_run_is_offline(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
 
 def test_cli_as_a_module_and_without_pulumi(tmp_path: Path) -> None:
     env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}  # an empty PATH: no pulumi CLI
-    dry = subprocess.run([sys.executable, "-m", "components", "drill", "balancer", "--dry-run"], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    dry = subprocess.run(
+        [sys.executable, "-m", "components", "drill", "balancer", "--dry-run"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert dry.returncode == 0, dry.stderr
-    live = subprocess.run([sys.executable, "-m", "components", "drill", "worker", "--stack", "labs"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    live = subprocess.run(
+        [sys.executable, "-m", "components", "drill", "worker", "--stack", "labs"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert live.returncode == 2
     assert "the Pulumi CLI is not on PATH" in live.stderr and "Traceback" not in live.stderr
 
@@ -836,12 +868,16 @@ def test_real_kubectl_against_a_loopback_api() -> None:
         server.server_close()
 
 
-@pytest.mark.parametrize(("scenario", "says"), [
-    ("worker", "1 worker(s): the test pods have nowhere else to go"),
-    ("drain", "1 worker(s): the test pods have nowhere else to go"),
-])
-def test_dry_run_refuses_what_the_live_run_refuses(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                                                   lab_namespace: dict, scenario: str, says: str) -> None:
+@pytest.mark.parametrize(
+    ("scenario", "says"),
+    [
+        ("worker", "1 worker(s): the test pods have nowhere else to go"),
+        ("drain", "1 worker(s): the test pods have nowhere else to go"),
+    ],
+)
+def test_dry_run_refuses_what_the_live_run_refuses(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, lab_namespace: dict, scenario: str, says: str
+) -> None:
     """A one-worker lab (labs-k8s:kubernetes.allowSingleWorker) planned "2 nginx pods" in --dry-run
     while the live drill refuses it: the plan says the refusal instead, with exit status 2."""
     import components.tools.offline

@@ -29,8 +29,9 @@ STACK = "mysite"
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Sandbox:
     box = Sandbox(tmp_path)
-    stale = subprocess.run(["make", "-q", ".venv/.runtime"], cwd=box.repo, env=box.env, capture_output=True,
-                           check=False)
+    stale = subprocess.run(
+        ["make", "-q", ".venv/.runtime"], cwd=box.repo, env=box.env, capture_output=True, check=False
+    )
     assert stale.returncode == 0, "the sandbox's make would rebuild .venv: run `make venv` in the repository first"
     return box
 
@@ -39,13 +40,17 @@ def keypair(home: Path, name: str = "labs-k8s", passphrase: str = "") -> tuple[P
     require_tool("ssh-keygen")
     (home / ".ssh").mkdir(exist_ok=True)
     private = home / ".ssh" / name
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", str(private)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", str(private)],
+        check=True,
+        capture_output=True,
+    )
     return private, private.with_suffix(".pub")
 
 
-def ready_stack(box: Sandbox, *, private: Path | None = None, public: Path | None = None, backend: str = "cloud",
-                edit: str = "") -> None:
+def ready_stack(
+    box: Sandbox, *, private: Path | None = None, public: Path | None = None, backend: str = "cloud", edit: str = ""
+) -> None:
     """The README's steps 2-5 done (stack created, secrets set), with the given key files."""
     if private is None or public is None:
         private, public = keypair(box.home)
@@ -171,10 +176,14 @@ def test_destroy_reads_vcenter_first_so_a_vm_already_gone_does_not_stop_it(sandb
     assert sandbox.calls()[-1] == ["destroy", "--stack", STACK, "--refresh"]
 
 
-@pytest.mark.parametrize(("change", "key"), [
-    (f"printf 'rotated-pw' | pulumi config set --stack {STACK} --secret vsphere:password", "vsphere:password"),
-    (f"pulumi config set --stack {STACK} vsphere:user other@vsphere.local", "vsphere:user"),
-], ids=["password-rotated", "user-changed"])
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (f"printf 'rotated-pw' | pulumi config set --stack {STACK} --secret vsphere:password", "vsphere:password"),
+        (f"pulumi config set --stack {STACK} vsphere:user other@vsphere.local", "vsphere:user"),
+    ],
+    ids=["password-rotated", "user-changed"],
+)
 def test_destroy_after_a_changed_vcenter_login_says_an_up_comes_first(sandbox, change, key):
     """`pulumi destroy` configures the providers with the inputs the last `up` recorded
     (pulumi/pulumi providers/registry.go Registry.Same; #18740 reverted by #18756): with a changed
@@ -210,16 +219,18 @@ def test_the_stack_file_must_exist(sandbox):
 def test_a_teammates_checkout_fetches_the_stacks_settings_instead_of_copying_the_example(sandbox, target):
     # The lab was built from this machine; stack files are not committed, so a second checkout
     # (a teammate, a new laptop) has the stack in the backend but no Pulumi.mysite.yaml.
-    ready_stack(sandbox, backend="local",
-                edit=f"sed -i 's/datacenter: Datacenter/datacenter: DC-Berlin/' Pulumi.{STACK}.yaml")
+    ready_stack(
+        sandbox, backend="local", edit=f"sed -i 's/datacenter: Datacenter/datacenter: DC-Berlin/' Pulumi.{STACK}.yaml"
+    )
     deployed = sandbox.make("up", f"STACK={STACK}", PULUMI_CONFIG_PASSPHRASE="correct horse")
     assert deployed.returncode == 0, deployed.stderr
     sandbox.stack_file(STACK).unlink()
 
     result = sandbox.make(target, f"STACK={STACK}", PULUMI_CONFIG_PASSPHRASE="correct horse")
     assert result.returncode != 0
-    assert f"stack '{STACK}' exists in backend file://~, but its settings file Pulumi.{STACK}.yaml is not" \
-           in result.stderr
+    assert (
+        f"stack '{STACK}' exists in backend file://~, but its settings file Pulumi.{STACK}.yaml is not" in result.stderr
+    )
     assert f"pulumi config refresh --stack {STACK}" in result.stderr
     assert "no stack file" not in result.stderr  # the example's settings are not this lab's
     assert sandbox.commands()[-2:] == ["whoami", "stack ls"]
@@ -278,8 +289,11 @@ def test_the_first_up_of_a_new_self_managed_stack_does_not_crash_the_cli(sandbox
     assert bare.returncode == 0, bare.stderr
     assert "panic" not in bare.stderr
 
-    sandbox.run(f"cp Pulumi.{STACK}.yaml Pulumi.second.yaml\nsed -i '/encryptionsalt/d' Pulumi.second.yaml\n"
-                "pulumi stack init second\n", **phrase)
+    sandbox.run(
+        f"cp Pulumi.{STACK}.yaml Pulumi.second.yaml\nsed -i '/encryptionsalt/d' Pulumi.second.yaml\n"
+        "pulumi stack init second\n",
+        **phrase,
+    )
     first = sandbox.make("up", "STACK=second", **phrase)
     assert first.returncode == 0, first.stderr
     assert "make up: gave stack 'second' its initial deployment" in first.stdout
@@ -320,14 +334,16 @@ def test_a_private_key_that_is_not_the_public_keys_pair_stops_up(sandbox):
     result = sandbox.make("up", f"STACK={STACK}")
     assert result.returncode != 0
     assert "does not belong to labs-k8s:ssh.publicKey" in result.stderr
-    fingerprint = subprocess.run(["ssh-keygen", "-lf", str(public)], capture_output=True, text=True,
-                                 check=True).stdout.split()[1]
+    fingerprint = subprocess.run(
+        ["ssh-keygen", "-lf", str(public)], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
     assert f"ssh.publicKey is {fingerprint}" in result.stderr
 
 
 def test_a_junk_allow_unverified_ssl_stops_up_before_the_cli_runs_up(sandbox):
-    ready_stack(sandbox, edit=f"sed -i 's/allowUnverifiedSsl: \"false\"/allowUnverifiedSsl: \"ture\"/' "
-                              f"Pulumi.{STACK}.yaml")
+    ready_stack(
+        sandbox, edit=f'sed -i \'s/allowUnverifiedSsl: "false"/allowUnverifiedSsl: "ture"/\' Pulumi.{STACK}.yaml'
+    )
     result = sandbox.make("up", f"STACK={STACK}")
     assert result.returncode != 0
     assert "vsphere:allowUnverifiedSsl: 'ture' is neither true nor false" in result.stderr
@@ -357,8 +373,14 @@ def test_settings_from_pulumi_esc_are_left_to_the_program(sandbox):
 
 
 def render(stack: str, out: Path, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "components", "render", "--stack", stack, "--out", str(out)],
-                          cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "components", "render", "--stack", stack, "--out", str(out)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_render_of_a_missing_stack_file_says_so(tmp_path):
@@ -373,8 +395,14 @@ def test_render_of_a_missing_stack_file_says_so(tmp_path):
 def test_components_without_the_projects_packages_names_the_virtualenv(tmp_path, command):
     # The system's python3 (here: site-packages switched off with -S) has none of the pinned packages;
     # the README's `python -m components` lines need the project's .venv.
-    result = subprocess.run([sys.executable, "-S", "-m", "components", *command.split()], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "components", *command.split()],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 1
     assert "does not have this project's packages (pulumi" in result.stderr
     assert ".venv/bin/python -m components" in result.stderr
@@ -412,11 +440,17 @@ def test_a_stack_files_vcenter_login_wins_over_the_workflows_variables():
     from components.stack_config import vsphere_settings
 
     example = yaml.safe_load((REPO_ROOT / "Pulumi.labs.yaml").read_text())["config"]
-    workflow = {"VSPHERE_SERVER": "vcenter.ci.example", "VSPHERE_USER": "preview@vsphere.local",
-                "VSPHERE_PASSWORD": "from-secrets"}
+    workflow = {
+        "VSPHERE_SERVER": "vcenter.ci.example",
+        "VSPHERE_USER": "preview@vsphere.local",
+        "VSPHERE_PASSWORD": "from-secrets",
+    }
     settings = vsphere_settings(lambda key: example.get(key), workflow)
     assert (settings["vsphereServer"], settings["user"], settings["password"]) == (
-        "vcenter.ci.example", "preview@vsphere.local", "from-secrets")
+        "vcenter.ci.example",
+        "preview@vsphere.local",
+        "from-secrets",
+    )
     committed = {**example, "vsphere:vsphereServer": "vcenter.site.example"}
     assert vsphere_settings(lambda key: committed.get(key), workflow)["vsphereServer"] == "vcenter.site.example"
 
@@ -470,8 +504,9 @@ def test_a_mistyped_stack_is_asked_did_you_mean(sandbox):
     ready_stack(sandbox)
     result = sandbox.make("up", "STACK=mysiet")
     assert result.returncode != 0
-    assert result.stderr.startswith(f"make up: did you mean '{STACK}' (STACK={STACK})? If not: no stack file"), \
+    assert result.stderr.startswith(f"make up: did you mean '{STACK}' (STACK={STACK})? If not: no stack file"), (
         result.stderr
+    )
     assert sandbox.commands().count("stack init") == 1  # ready_stack's own only
     destroyed = sandbox.make("destroy", "STACK=mysiet")
     assert destroyed.returncode != 0
@@ -481,10 +516,13 @@ def test_a_mistyped_stack_is_asked_did_you_mean(sandbox):
     assert "did you mean" not in far.stderr and "no stack file Pulumi.berlin.yaml" in far.stderr
 
 
-@pytest.mark.parametrize(("key", "value", "fix"), [
-    ("labs-k8s:sshPrivateKey", None, "--secret labs-k8s:sshPrivateKey < ~/.ssh/labs-k8s"),
-    ("vsphere:password", "hunter2", "--secret vsphere:password"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "fix"),
+    [
+        ("labs-k8s:sshPrivateKey", None, "--secret labs-k8s:sshPrivateKey < ~/.ssh/labs-k8s"),
+        ("vsphere:password", "hunter2", "--secret vsphere:password"),
+    ],
+)
 def test_a_secret_set_in_clear_is_refused_with_the_secret_line(sandbox, key, value, fix):
     """Pulumi only guards key names that look secret (password, token, ...); a private key named
     sshPrivateKey set without --secret sat in the stack file in clear, and the lab built."""
@@ -561,8 +599,12 @@ def test_python_310_is_named_before_a_virtualenv_is_made(tmp_path):
     result = box.make("venv")
     assert result.returncode != 0
     assert "python3 is Python 3.10; this project's pinned packages need Python 3.11 or newer" in result.stderr
-    for way in ("Ubuntu 22.04:  sudo apt-get install -y python3.11 python3.11-venv", "make up PYTHON=python3.11",
-                "macOS:         brew install python@3.12", "Debian 12:"):
+    for way in (
+        "Ubuntu 22.04:  sudo apt-get install -y python3.11 python3.11-venv",
+        "make up PYTHON=python3.11",
+        "macOS:         brew install python@3.12",
+        "Debian 12:",
+    ):
         assert way in result.stderr
     assert "requires a different Python" not in result.stderr
     assert not (box.repo / ".venv").exists()
@@ -578,8 +620,9 @@ def test_a_virtualenv_made_by_python_310_is_made_again(tmp_path):
     result = box.make("venv", "PYTHON=python3.11")
     assert result.returncode == 0, result.stderr
     assert ".venv was made by Python 3.10; this project needs 3.11 or newer: removing it" in result.stderr
-    venv_python = subprocess.run([str(box.repo / ".venv" / "bin" / "python"), "-c", "v"], capture_output=True,
-                                 text=True, check=True).stdout.strip()
+    venv_python = subprocess.run(
+        [str(box.repo / ".venv" / "bin" / "python"), "-c", "v"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert venv_python == "3.11"
     assert "--require-hashes -r requirements.txt" in (box.repo / ".venv" / "bin" / "pip.log").read_text()
     assert (box.repo / ".venv" / ".runtime").is_file()

@@ -147,14 +147,24 @@ def _run_step(lab: Any, clone: Any, command: dict[str, Any], step: str, timeout:
     started = time.monotonic()
     delay, attempts = 0.1, int(connection["dialErrorLimit"])
     for attempt in range(1, attempts + 1):
-        result = lab.ssh(clone, command["create"], stdin=command.get("stdin"), timeout=timeout,
-                         connect_timeout=int(connection["perDialTimeout"]))
+        result = lab.ssh(
+            clone,
+            command["create"],
+            stdin=command.get("stdin"),
+            timeout=timeout,
+            connect_timeout=int(connection["perDialTimeout"]),
+        )
         if result.returncode != 255 or not DIAL_ERROR.search(result.stderr) or attempt == attempts:
             break
         time.sleep(delay)
         delay = min(delay * 1.5, 5.0)
-    return {"rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr, "dials": attempt,
-            "seconds": round(time.monotonic() - started, 1)}
+    return {
+        "rc": result.returncode,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "dials": attempt,
+        "seconds": round(time.monotonic() - started, 1),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -175,16 +185,20 @@ def firstboot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     image_seconds = time.monotonic() - started
 
     observed: dict[str, Any] = {"cfg": cfg, "image": image, "nodes": nodes, "clones": {}}
-    timings: dict[str, Any] = {"image_seconds": round(image_seconds, 1), "image_built_now": image.built_now,
-                               "image_build_seconds": image.facts["build_seconds"],
-                               "rootfs_seconds": image.facts.get("rootfs_seconds")}
+    timings: dict[str, Any] = {
+        "image_seconds": round(image_seconds, 1),
+        "image_built_now": image.built_now,
+        "image_build_seconds": image.facts["build_seconds"],
+        "rootfs_seconds": image.facts.get("rootfs_seconds"),
+    }
     with clone_lab(cfg, image, workdir, cfg.ssh.user, private_key) as lab:
         for node in nodes:
             vm = _registered(program, node.name)
             # Not the node key: the sealed steps read it through vmware-rpctool, which needs VMware's
             # backdoor (not here), and cloud-init's environment transport has no use for it.
-            extra_config = {k: v for k, v in vm["extraConfig"].items()
-                            if k.startswith("guestinfo.") and k != NODE_KEY_GUESTINFO}
+            extra_config = {
+                k: v for k, v in vm["extraConfig"].items() if k.startswith("guestinfo.") and k != NODE_KEY_GUESTINFO
+            }
             (nic,) = vm["networkInterfaces"]
             mac = nic["macAddress"]
             assert nic["useStaticMac"] is True and mac == node_mac(node)
@@ -195,8 +209,9 @@ def firstboot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         for clone in lab.clones.values():
             seen: dict[str, Any] = {"mac": clone.mac, "extra_config": clone.extra_config}
             seen["ssh_up_seconds"] = round(lab.wait_for_ssh(clone, deadline), 1)
-            seen["ready"] = _run_step(lab, clone, _registered(program, f"{clone.node.name}-ready"), "ready",
-                                      timeout=READINESS_SSH_TIMEOUT)
+            seen["ready"] = _run_step(
+                lab, clone, _registered(program, f"{clone.node.name}-ready"), "ready", timeout=READINESS_SSH_TIMEOUT
+            )
             seen["ready_seconds"] = round(time.monotonic() - clone.started_at, 1)
             observed["clones"][clone.node.name] = seen
         for clone in lab.clones.values():
@@ -211,8 +226,11 @@ def firstboot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         worker_clone = lab.clones[first_worker.name]
         cp_ready = _registered(program, f"{first_cp.name}-ready")
         observed["wrong_clone"] = _run_step(
-            lab, worker_clone, {**cp_ready, "connection": {**cp_ready["connection"], "host": str(first_worker.ip)}},
-            "ready")
+            lab,
+            worker_clone,
+            {**cp_ready, "connection": {**cp_ready["connection"], "host": str(first_worker.ip)}},
+            "ready",
+        )
 
         # A step with real work on every node: the node settings a later `up` applies in place
         # (authorized keys, NTP, DNS, network config, apt proxy); on a fresh clone it must agree.
@@ -226,8 +244,11 @@ def firstboot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name, seen in observed["clones"].items():
         final = seen["guest"]["final_message"]
         uptime = re.search(r"up ([0-9.]+) seconds", final[-1]) if final else None
-        timings[name] = {"ssh_up_seconds": seen["ssh_up_seconds"], "ready_seconds": seen["ready_seconds"],
-                         "guest_uptime_at_cloud_init_done": float(uptime.group(1)) if uptime else None}
+        timings[name] = {
+            "ssh_up_seconds": seen["ssh_up_seconds"],
+            "ready_seconds": seen["ready_seconds"],
+            "guest_uptime_at_cloud_init_done": float(uptime.group(1)) if uptime else None,
+        }
     observed["timings"] = timings
     TIMINGS_FILE.write_text(json.dumps(timings, indent=2) + "\n")
     # Everything seen, for whoever reads a failure (consoles are in the clones' directories).
@@ -350,8 +371,14 @@ def test_nic_has_the_configured_name_mac_and_static_address(firstboot):
         (entry,) = [a for a in guest["addresses"] if a["ifname"] == interface]
         assert [(i["local"], i["prefixlen"]) for i in entry["addr_info"]] == [(str(node.ip), cfg.prefix_length)]
         default = [r for r in guest["routes"] if r["dst"] == "default"]
-        assert default == [{"dst": "default", "gateway": str(cfg.network.gateway), "dev": interface,
-                            **{k: v for k, v in default[0].items() if k not in ("dst", "gateway", "dev")}}]
+        assert default == [
+            {
+                "dst": "default",
+                "gateway": str(cfg.network.gateway),
+                "dev": interface,
+                **{k: v for k, v in default[0].items() if k not in ("dst", "gateway", "dev")},
+            }
+        ]
         # resolvconf carried the network config's name servers into resolv.conf.
         for server in cfg.network.dns_servers:
             assert f"nameserver {server}" in guest["resolv_conf"]
@@ -400,10 +427,16 @@ def test_guestinfo_environment_names_are_cloud_inits_own(lab_config):
     extra = guestinfo_extra_config(lab_config, lab_config.control_planes[0])
     keys = [key.removeprefix("guestinfo.") for key in extra]
     probe = subprocess.run(
-        ["/usr/bin/python3", "-c",
-         "import json, sys; from cloudinit.sources.DataSourceVMware import get_guestinfo_envvar_key_name as n; "
-         "print(json.dumps({k: n(k) for k in json.load(sys.stdin)}))"],
-        input=json.dumps(keys), capture_output=True, text=True, check=False,
+        [
+            "/usr/bin/python3",
+            "-c",
+            "import json, sys; from cloudinit.sources.DataSourceVMware import get_guestinfo_envvar_key_name as n; "
+            "print(json.dumps({k: n(k) for k in json.load(sys.stdin)}))",
+        ],
+        input=json.dumps(keys),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert probe.returncode == 0, probe.stderr
     names = json.loads(probe.stdout)
@@ -426,8 +459,11 @@ def test_the_image_key_covers_every_module_that_builds_the_image():
     template files land) is hashed into the key, or listed above with the reason it need not be."""
     firstboot = next(path for path in RECIPE_FILES if path.name == "firstboot.py")
     tree = ast.parse(firstboot.read_text())
-    imported = {node.module for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tests.")}
+    imported = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tests.")
+    }
     assert "tests.debian_rootfs" in imported
     hashed = {f"tests.{path.stem}" for path in RECIPE_FILES if path.suffix == ".py"}
     assert imported - set(NOT_RECIPE) <= hashed, f"not in the image key: {sorted(imported - set(NOT_RECIPE) - hashed)}"

@@ -26,8 +26,13 @@ SCRIPT = REPO_ROOT / "scripts" / "install-test-deps.sh"
 UNITS = {
     "haproxy": ["haproxy.service"],
     "keepalived": ["keepalived.service"],
-    "cloud-init": ["cloud-init-local.service", "cloud-init.service", "cloud-config.service", "cloud-final.service",
-                   "cloud-init-hotplugd.socket"],
+    "cloud-init": [
+        "cloud-init-local.service",
+        "cloud-init.service",
+        "cloud-config.service",
+        "cloud-final.service",
+        "cloud-init-hotplugd.socket",
+    ],
 }
 
 
@@ -57,8 +62,9 @@ mount --bind /proc {root}/proc
 mount --bind /dev {root}/dev
 exec chroot {root} /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root {env} bash -c '{command}'
 """
-    return subprocess.run(["unshare", "--mount", "bash", "-c", script], capture_output=True, text=True,
-                          timeout=1200, check=False)
+    return subprocess.run(
+        ["unshare", "--mount", "bash", "-c", script], capture_output=True, text=True, timeout=1200, check=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +79,17 @@ def rootfs(tmp_path_factory) -> Path:
 
 def test_services_the_tests_only_run_as_programs_are_not_enabled_after_install(rootfs):
     # A workstation: systemd, and a keepalived of its own that the script must leave as it is.
-    own = in_chroot(rootfs, "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-                            "--no-install-recommends systemd keepalived >/dev/null")
+    own = in_chroot(
+        rootfs,
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+        "--no-install-recommends systemd keepalived >/dev/null",
+    )
     assert own.returncode == 0, own.stderr[-3000:]
     assert "keepalived.service" in enabled_units(rootfs), "Debian's postinst did not enable keepalived: no baseline"
 
-    result = in_chroot(rootfs, "bash /tmp/install-test-deps.sh 2>&1",
-                       env="LABS_K8S_TEST_PACKAGES='haproxy keepalived cloud-init'")
+    result = in_chroot(
+        rootfs, "bash /tmp/install-test-deps.sh 2>&1", env="LABS_K8S_TEST_PACKAGES='haproxy keepalived cloud-init'"
+    )
     output = result.stdout
     assert result.returncode == 0, output[-3000:] + result.stderr[-2000:]
     # Said plainly, before anything is installed.

@@ -73,8 +73,10 @@ class Scenario:
         copy.first = template.first
         copy.lab = ClusterLab.__new__(ClusterLab)
         copy.lab.base, copy.lab.dir = tmp_path, tmp_path / "cluster"
-        copy.lab.nodes = {name: ShellHarness(tmp_path / h.base.name, node=name, ip=h.ip, cluster=copy.lab.dir)
-                          for name, h in template.lab.nodes.items()}
+        copy.lab.nodes = {
+            name: ShellHarness(tmp_path / h.base.name, node=name, ip=h.ip, cluster=copy.lab.dir)
+            for name, h in template.lab.nodes.items()
+        }
         return copy
 
     def __init__(self, tmp_path: Path, cfg: LabConfig) -> None:
@@ -240,14 +242,25 @@ def test_a_half_finished_init_is_finished_on_the_next_run(lab: Scenario, died_af
     assert phases == FINISH_AFTER[died_after]
     assert not [c for c in kubeadm_calls(m01) if c[:1] == ["init"] and c[1:2] != ["phase"]], "no second kubeadm init"
     if "upload-certs" in FINISH_AFTER[died_after]:
-        assert ["init", "phase", "upload-certs", "--upload-certs", "--skip-certificate-key-print", "--config"] in \
-            kubeadm_calls(m01)
+        assert [
+            "init",
+            "phase",
+            "upload-certs",
+            "--upload-certs",
+            "--skip-certificate-key-print",
+            "--config",
+        ] in kubeadm_calls(m01)
     no_secrets(second.stdout, second.stderr, *(p.read_text() for p in m01.step.glob("*.log")))
     objects = lab.lab.objects()
-    for key in ("configmap/kube-system/kubeadm-config", "configmap/kube-public/cluster-info",
-                "clusterrolebinding/kubeadm:kubelet-bootstrap", "secret/kube-system/kubeadm-certs",
-                "deployment/kube-system/coredns", "daemonset/kube-system/kube-proxy",
-                f"secret/kube-system/bootstrap-token-{TEST_TOKEN.split('.')[0]}"):
+    for key in (
+        "configmap/kube-system/kubeadm-config",
+        "configmap/kube-public/cluster-info",
+        "clusterrolebinding/kubeadm:kubelet-bootstrap",
+        "secret/kube-system/kubeadm-certs",
+        "deployment/kube-system/coredns",
+        "daemonset/kube-system/kube-proxy",
+        f"secret/kube-system/bootstrap-token-{TEST_TOKEN.split('.')[0]}",
+    ):
         assert key in objects, key
 
     m01.reset_log()
@@ -533,8 +546,15 @@ def test_two_workers_added_at_once_when_the_token_is_nearly_expired(tmp_path: Pa
     """A day after init the token has minutes left: `kubeadm token create` would fail "already
     exists"; both refreshes update it in place, both joins work."""
     cfg = make_lab_config()
-    grown = with_hosts("workers", [("labs-k8s-w01", "10.3.60.54"), ("labs-k8s-w02", "10.3.60.55"),
-                                   ("labs-k8s-w03", "10.3.60.57"), ("labs-k8s-w04", "10.3.60.58")])
+    grown = with_hosts(
+        "workers",
+        [
+            ("labs-k8s-w01", "10.3.60.54"),
+            ("labs-k8s-w02", "10.3.60.55"),
+            ("labs-k8s-w03", "10.3.60.57"),
+            ("labs-k8s-w04", "10.3.60.58"),
+        ],
+    )
     lab = Scenario(tmp_path, grown)
     lab.cfg = cfg
     lab.bring_up()
@@ -622,9 +642,16 @@ def test_a_control_plane_added_while_another_is_down_joins_once_it_is_back(up: S
     """kubeadm's check-etcd asks every started member for its status: one dead member fails a
     control-plane join even with a quorum. The join fails before adding a member; once the member
     is back, the next run resets the half-prepared node and joins it."""
-    up.cfg = with_hosts("controlPlanes", [("labs-k8s-m01", "10.3.60.51"), ("labs-k8s-m02", "10.3.60.52"),
-                                          ("labs-k8s-m03", "10.3.60.53"), ("labs-k8s-m04", "10.3.60.57"),
-                                          ("labs-k8s-m05", "10.3.60.58")])
+    up.cfg = with_hosts(
+        "controlPlanes",
+        [
+            ("labs-k8s-m01", "10.3.60.51"),
+            ("labs-k8s-m02", "10.3.60.52"),
+            ("labs-k8s-m03", "10.3.60.53"),
+            ("labs-k8s-m04", "10.3.60.57"),
+            ("labs-k8s-m05", "10.3.60.58"),
+        ],
+    )
     m04 = up.lab.add_node("labs-k8s-m04", "10.3.60.57", "control-plane")
     up.lab.add_node("labs-k8s-m05", "10.3.60.58", "control-plane")
     up.lab.set_up("labs-k8s-m03", False)
@@ -702,10 +729,18 @@ def test_verify_names_stale_and_unhealthy_members(up: Scenario) -> None:
     with up.lab.edit() as state:
         # A member left by a VM deleted outside Pulumi (3 of 4 voting members still make a quorum),
         # and one whose join never got as far as starting etcd.
-        state["members"].append({"id": 0x8E9E05C52164694D, "name": "labs-k8s-m09", "peer": "https://10.3.60.59:2380",
-                                 "learner": False, "data": "gone"})
-        state["members"].append({"id": 0x1D2C3B4A59687766, "name": "", "peer": "https://10.3.60.60:2380",
-                                 "learner": True, "data": None})
+        state["members"].append(
+            {
+                "id": 0x8E9E05C52164694D,
+                "name": "labs-k8s-m09",
+                "peer": "https://10.3.60.59:2380",
+                "learner": False,
+                "data": "gone",
+            }
+        )
+        state["members"].append(
+            {"id": 0x1D2C3B4A59687766, "name": "", "peer": "https://10.3.60.60:2380", "learner": True, "data": None}
+        )
     up.lab.set_up("labs-k8s-w02", False)
     result = failed(up.verify(timeout=10))
     for line in (
@@ -724,8 +759,10 @@ def test_verify_names_a_node_that_is_not_at_the_configured_version(up: Scenario)
     with up.lab.edit() as state:
         state["nodes"]["labs-k8s-w01"]["kubelet_version"] = "v1.35.2"
     result = failed(up.verify(timeout=10))
-    assert ("  - node labs-k8s-w01 runs kubelet v1.35.2, not v1.36.0 (labs-k8s:kubernetes.version; its upgrade "
-            "steps move it)") in result.stderr
+    assert (
+        "  - node labs-k8s-w01 runs kubelet v1.35.2, not v1.36.0 (labs-k8s:kubernetes.version; its upgrade "
+        "steps move it)"
+    ) in result.stderr
     assert "labs-k8s-w02 runs kubelet" not in result.stderr
 
 
@@ -733,13 +770,17 @@ def test_verify_catches_leader_disagreement(up: Scenario) -> None:
     ids = (10276657743932975437, 10276657743932975438)  # equal as doubles: jq must not see them as numbers
     status = ",".join(
         f'{{"Endpoint":"https://10.3.60.5{i + 1}:2379","Status":{{"header":{{"member_id":{member}}},'
-        f'"leader":{member},"raftTerm":{4 + i}}}}}' for i, member in enumerate(ids))
+        f'"leader":{member},"raftTerm":{4 + i}}}}}'
+        for i, member in enumerate(ids)
+    )
     with up.lab.edit() as state:
         state["status_override"] = f"[{status}]"
     result = failed(up.verify(timeout=10))
-    for line in ("etcd has 2 members that are leader, expected exactly 1",
-                 "etcd members disagree on the leader (2 different leaders reported)",
-                 "etcd members are on 2 different raft terms"):
+    for line in (
+        "etcd has 2 members that are leader, expected exactly 1",
+        "etcd members disagree on the leader (2 different leaders reported)",
+        "etcd members are on 2 different raft terms",
+    ):
         assert line in result.stderr
 
 
@@ -765,9 +806,10 @@ def test_kubeconfig_says_until_when_it_is_valid_and_renews_before_it_lapses(tmp_
     assert result.stdout.split("\n", 1)[1] == (cluster.root / "etc/kubernetes/admin.conf").read_text()
     renewed = cluster.calls_matching("kubeadm", "certs", "renew", "admin.conf")
     assert bool(renewed) == (days_left < k8s.KUBECONFIG_RENEW_BEFORE_DAYS)
-    expires_in_days = (int(subprocess.run(["date", "-u", "-d", valid_until, "+%s"], capture_output=True, text=True,
-                                          check=True).stdout) - int(subprocess.run(
-        ["date", "-u", "+%s"], capture_output=True, text=True, check=True).stdout)) / 86400
+    expires_in_days = (
+        int(subprocess.run(["date", "-u", "-d", valid_until, "+%s"], capture_output=True, text=True, check=True).stdout)
+        - int(subprocess.run(["date", "-u", "+%s"], capture_output=True, text=True, check=True).stdout)
+    ) / 86400
     assert expires_in_days == pytest.approx(365 if renewed or days_left == 365 else days_left, abs=1)
 
 

@@ -233,8 +233,9 @@ def check_documents(text: str) -> dict[str, dict[str, Any]]:
 def test_the_field_check_rejects_fields_of_the_other_version() -> None:
     # Not vacuous: a v1beta4-only field in v1beta3, a v1beta3 map where v1beta4 wants a list.
     assert unknown_fields({"timeouts": {}}, V1BETA3["InitConfiguration"]) == ["timeouts: not a field of this kind"]
-    problems = unknown_fields({"nodeRegistration": {"kubeletExtraArgs": {"node-ip": "1.2.3.4"}}},
-                              V1BETA4["InitConfiguration"])
+    problems = unknown_fields(
+        {"nodeRegistration": {"kubeletExtraArgs": {"node-ip": "1.2.3.4"}}}, V1BETA4["InitConfiguration"]
+    )
     assert problems == ["nodeRegistration.kubeletExtraArgs: expected a list, got dict"]
     assert unknown_fields({"apiServer": {"timeoutForControlPlane": "4m"}}, V1BETA4["ClusterConfiguration"])
 
@@ -326,8 +327,11 @@ def test_init_configuration_describes_the_ha_cluster() -> None:
 def test_pod_and_service_cidrs_come_from_the_config() -> None:
     cfg = make_lab_config(kubernetes={"podCidr": "10.200.0.0/16", "serviceCidr": "10.100.0.0/16"})
     cluster = check_documents(k8s.render_init_config(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY))["ClusterConfiguration"]
-    assert cluster["networking"] == {"podSubnet": "10.200.0.0/16", "serviceSubnet": "10.100.0.0/16",
-                                     "dnsDomain": "cluster.local"}
+    assert cluster["networking"] == {
+        "podSubnet": "10.200.0.0/16",
+        "serviceSubnet": "10.100.0.0/16",
+        "dnsDomain": "cluster.local",
+    }
 
 
 def test_control_plane_join_has_its_own_endpoint_and_the_certificate_key() -> None:
@@ -448,8 +452,10 @@ def all_file_maps() -> dict[str, tuple[dict[str, str], str]]:
         "prepare-cp": (k8s.prepare_files(cfg, cfg.control_planes[1]), k8s.PREPARE_ENTRYPOINT),
         "prepare-worker": (k8s.prepare_files(cfg, cfg.workers[0]), k8s.PREPARE_ENTRYPOINT),
         "init": (k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY), k8s.INIT_ENTRYPOINT),
-        "refresh": (k8s.refresh_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, cfg.control_planes[1]),
-                    k8s.REFRESH_ENTRYPOINT),
+        "refresh": (
+            k8s.refresh_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, cfg.control_planes[1]),
+            k8s.REFRESH_ENTRYPOINT,
+        ),
         "join-first-cp": (
             k8s.control_plane_join_files(cfg, cfg.control_planes[0], TEST_TOKEN, TEST_CERTIFICATE_KEY),
             k8s.CONTROL_PLANE_JOIN_ENTRYPOINT,
@@ -497,8 +503,9 @@ def sourced(params: str) -> dict[str, str]:
     require_tool("bash")
     names = re.findall(r"^([A-Z][A-Z0-9_]*)=", params, flags=re.MULTILINE)
     script = params + "\n" + "\n".join(f'printf "%s\\0" "${{{name}[*]}}"' for name in names)
-    out = subprocess.run([shutil.which("bash") or "/bin/bash", "-c", script], capture_output=True, text=True,
-                         check=True, env={}).stdout
+    out = subprocess.run(
+        [shutil.which("bash") or "/bin/bash", "-c", script], capture_output=True, text=True, check=True, env={}
+    ).stdout
     return dict(zip(names, out.split("\0")[:-1], strict=True))
 
 
@@ -517,10 +524,17 @@ def test_params_are_valid_bash_with_the_configured_values() -> None:
     assert worker["APT_PROXY"] == "http://apt.labs.local:3142"
     assert worker["REGISTRY_MIRROR"] == "http://registry.labs.local:5000"
     assert (worker["DATA_DISK_GIB"], worker["DATA_DISK_MOUNT"], worker["DATA_DISK_UNIT"]) == (
-        "50", "/var/lib/containerd", "containerd")
+        "50",
+        "/var/lib/containerd",
+        "containerd",
+    )
     cp = sourced(k8s.prepare_files(cfg, cfg.control_planes[0])[k8s.PARAMS_FILE])
     assert (cp["DATA_DISK_GIB"], cp["DATA_DISK_MOUNT"], cp["DATA_DISK_LABEL"], cp["DATA_DISK_UNIT"]) == (
-        "20", "/var/lib/etcd", "labs-etcd", "kubelet")
+        "20",
+        "/var/lib/etcd",
+        "labs-etcd",
+        "kubelet",
+    )
 
     verify = sourced(k8s.verify_files(cfg)[k8s.PARAMS_FILE])
     assert verify["EXPECTED_NODES"].split() == [n.name for n in cfg.kubernetes_nodes]
@@ -536,8 +550,11 @@ def test_no_data_disk_means_no_mount() -> None:
 
 
 def test_older_minors_accept_containerd_1_7() -> None:
-    params = sourced(k8s.prepare_files(make_lab_config(kubernetes={"version": "1.35.2"}),
-                                       make_lab_config().workers[0])[k8s.PARAMS_FILE])
+    params = sourced(
+        k8s.prepare_files(make_lab_config(kubernetes={"version": "1.35.2"}), make_lab_config().workers[0])[
+            k8s.PARAMS_FILE
+        ]
+    )
     assert params["CONTAINERD_MIN_VERSION"] == "1.7"
 
 
@@ -554,7 +571,10 @@ def test_leave_refresh_and_prepare_refuse_what_they_do_not_handle() -> None:
     # A node already removed from the config leaves by its own name, address and role.
     params = sourced(k8s.leave_files(cfg.control_planes[2])[k8s.PARAMS_FILE])
     assert (params["LEAVING_NODE"], params["LEAVING_IP"], params["LEAVING_ROLE"]) == (
-        "labs-k8s-m03", "10.3.60.53", "control-plane")
+        "labs-k8s-m03",
+        "10.3.60.53",
+        "control-plane",
+    )
     refresh = sourced(k8s.refresh_files(cfg, TEST_TOKEN, None, cfg.workers[0])[k8s.PARAMS_FILE])
     assert (refresh["JOINING_NODE"], refresh["JOINING_ROLE"]) == ("labs-k8s-w01", "worker")
     init = sourced(k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY)[k8s.PARAMS_FILE])

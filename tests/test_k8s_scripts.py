@@ -99,8 +99,12 @@ def test_every_bundle_is_valid_bash(cfg: LabConfig) -> None:
     bundles = [
         step_bundle("k8s-prepare", k8s.prepare_files(cfg, cfg.workers[0]), k8s.PREPARE_ENTRYPOINT),
         step_bundle("k8s-init", k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY), k8s.INIT_ENTRYPOINT),
-        step_bundle("k8s-join", k8s.worker_join_files(cfg, cfg.workers[0], TEST_TOKEN), k8s.WORKER_JOIN_ENTRYPOINT,
-                    k8s.join_args("sha256:" + "ab" * 32)),
+        step_bundle(
+            "k8s-join",
+            k8s.worker_join_files(cfg, cfg.workers[0], TEST_TOKEN),
+            k8s.WORKER_JOIN_ENTRYPOINT,
+            k8s.join_args("sha256:" + "ab" * 32),
+        ),
         step_bundle("k8s-verify", k8s.verify_files(cfg), k8s.VERIFY_ENTRYPOINT),
     ]
     for bundle in bundles:
@@ -124,8 +128,11 @@ def fresh_debian_node(h: ShellHarness, data_disk_gib: int = 50) -> None:
     """A Debian 12 clone of the golden template: swap in fstab, ufw installed, a blank second disk."""
     h.write("/etc/os-release", 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nVERSION_CODENAME=bookworm\n')
     h.write("/etc/fstab", FSTAB)
-    for package, version in (("systemd-timesyncd", "252.39-1~deb12u1"), ("ca-certificates", "20230311"),
-                             ("ufw", "0.36.2-1")):
+    for package, version in (
+        ("systemd-timesyncd", "252.39-1~deb12u1"),
+        ("ca-certificates", "20230311"),
+        ("ufw", "0.36.2-1"),
+    ):
         h.set_state(f"dpkg/{package}", version)
     h.set_state("repo/containerd.io", f"{CONTAINERD_2}\n2.1.5-1~debian.12~bookworm\n1.7.28-1~debian.12~bookworm\n")
     for package in ("kubeadm", "kubelet", "kubectl"):
@@ -155,8 +162,11 @@ def test_prepare_node_sets_up_a_worker(harness: ShellHarness, cfg: LabConfig) ->
     assert h.calls_matching("modprobe", "overlay") and h.calls_matching("modprobe", "br_netfilter")
     assert (h.root / "etc/modules-load.d/k8s.conf").read_text().splitlines()[1:] == ["overlay", "br_netfilter"]
     sysctl = (h.root / "etc/sysctl.d/99-kubernetes.conf").read_text()
-    for key in ("net.bridge.bridge-nf-call-iptables = 1", "net.bridge.bridge-nf-call-ip6tables = 1",
-                "net.ipv4.ip_forward = 1"):
+    for key in (
+        "net.bridge.bridge-nf-call-iptables = 1",
+        "net.bridge.bridge-nf-call-ip6tables = 1",
+        "net.ipv4.ip_forward = 1",
+    ):
         assert key in sysctl
     assert h.calls_matching("sysctl", "-p")
 
@@ -264,13 +274,22 @@ def test_prepare_node_keeps_an_existing_filesystem(harness: ShellHarness, cfg: L
 @pytest.mark.parametrize(
     ("disks", "extra_state", "message"),
     [
-        (f"/dev/sda disk {20 * GIB} 0\n/dev/sdb disk {50 * GIB} 0\n/dev/sdc disk {50 * GIB} 0\n", {},
-         "found 2 (/dev/sdb /dev/sdc)"),
+        (
+            f"/dev/sda disk {20 * GIB} 0\n/dev/sdb disk {50 * GIB} 0\n/dev/sdc disk {50 * GIB} 0\n",
+            {},
+            "found 2 (/dev/sdb /dev/sdc)",
+        ),
         (f"/dev/sda disk {20 * GIB} 0\n/dev/sdb disk {40 * GIB} 0\n", {}, "found 0 (none)"),
-        (f"/dev/sda disk {20 * GIB} 0\n/dev/sdb disk {50 * GIB} 0\n", {"fs/sdb.pttype": "gpt\n"},
-         "has a partition table but no filesystem"),
-        (f"/dev/sda disk {20 * GIB} 0\n/dev/sdb disk {50 * GIB} 0\n", {"fs/sdb.type": "ntfs\n"},
-         "already holds a ntfs filesystem"),
+        (
+            f"/dev/sda disk {20 * GIB} 0\n/dev/sdb disk {50 * GIB} 0\n",
+            {"fs/sdb.pttype": "gpt\n"},
+            "has a partition table but no filesystem",
+        ),
+        (
+            f"/dev/sda disk {20 * GIB} 0\n/dev/sdb disk {50 * GIB} 0\n",
+            {"fs/sdb.type": "ntfs\n"},
+            "already holds a ntfs filesystem",
+        ),
     ],
     ids=["two-candidates", "no-candidate", "partition-table", "foreign-filesystem"],
 )
@@ -433,8 +452,10 @@ def test_prepare_node_reads_real_containerd_dumps(harness: ShellHarness, dump: s
     assert "SystemdCgroup = true, sandbox registry.k8s.io/pause:3.10.1" in result.stderr
 
     # The same real dump with the default (false) is caught.
-    h.set_state("containerd-dump", (REAL_DUMP_2X if dump == "2x" else REAL_DUMP_1X).replace(
-        "SystemdCgroup = true", "SystemdCgroup = false"))
+    h.set_state(
+        "containerd-dump",
+        (REAL_DUMP_2X if dump == "2x" else REAL_DUMP_1X).replace("SystemdCgroup = true", "SystemdCgroup = false"),
+    )
     assert "does not apply SystemdCgroup = true" in failed(h.run(k8s.PREPARE_ENTRYPOINT)).stderr
 
 
@@ -477,7 +498,8 @@ def test_prepare_node_leaves_a_joined_node_at_its_version_for_the_upgrade_steps(
     h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
     result = ok(h.run(k8s.PREPARE_ENTRYPOINT))
     assert "runs kubelet 1.35.2 in the cluster; labs-k8s:kubernetes.version 1.36.0 comes with the upgrade steps" in (
-        result.stderr)
+        result.stderr
+    )
     pinned = ("kubeadm=", "kubelet=", "kubectl=")
     assert not [call for call in h.calls("apt-get") if any(arg.startswith(pinned) for arg in call)]
     kubernetes_list = (h.root / "etc/apt/sources.list.d/kubernetes.list").read_text()
@@ -603,12 +625,15 @@ def test_prepare_node_names_the_key_when_the_pinned_containerd_is_not_published(
 def test_prepare_node_refuses_a_kubernetes_key_with_another_fingerprint(harness: ShellHarness, cfg: LabConfig) -> None:
     h = harness
     fresh_debian_node(h)
-    h.stub("gpg", r"""
+    h.stub(
+        "gpg",
+        r"""
 case $(cat "${*: -1}") in
     *docker*) echo "fpr:::::::::9DC858229FC7DD38854AE2D88D81803C0EBFCD88:" ;;
     *) echo "fpr:::::::::1111111111111111111111111111111111111111:" ;;
 esac
-""")
+""",
+    )
     h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
     result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
     assert "Release.key does not have the fingerprint DE15B14486CD377B9E876E1A234654DA9A296436" in result.stderr
@@ -634,8 +659,14 @@ def test_scripts_refuse_to_run_without_root_outside_the_harness(cfg: LabConfig) 
             (directory / name).write_text(text)
             (directory / name).chmod(0o644)
         drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if as_root else []
-        result = subprocess.run([*drop, "bash", f"./{k8s.KUBECONFIG_ENTRYPOINT}"], cwd=directory,
-                                capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=False)
+        result = subprocess.run(
+            [*drop, "bash", f"./{k8s.KUBECONFIG_ENTRYPOINT}"],
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin"},
+            check=False,
+        )
     finally:
         shutil.rmtree(directory)
     assert result.returncode != 0

@@ -196,7 +196,10 @@ def test_teardown_removes_everything_even_when_the_test_fails() -> None:
     left = set(netns_lab.netns_list()) & set(namespaces)
     assert not left, left
     time.sleep(0.2)
-    alive = [pid for pid in started if os.path.exists(f"/proc/{pid}")
-             and not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")]
+    alive = [
+        pid
+        for pid in started
+        if os.path.exists(f"/proc/{pid}") and not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    ]
     assert not alive, alive
     assert not workdir.exists()

@@ -32,8 +32,10 @@ LB_DIR = CLOUDINIT_DIR / "lb"
 
 def _five_control_planes() -> dict[str, Any]:
     raw = namespace()
-    raw["nodes"]["controlPlanes"]["hosts"] += [{"name": "labs-k8s-m04", "ip": "10.3.60.57"},
-                                               {"name": "labs-k8s-m05", "ip": "10.3.60.58"}]
+    raw["nodes"]["controlPlanes"]["hosts"] += [
+        {"name": "labs-k8s-m04", "ip": "10.3.60.57"},
+        {"name": "labs-k8s-m05", "ip": "10.3.60.58"},
+    ]
     return raw
 
 
@@ -47,8 +49,13 @@ def _single_balancer() -> dict[str, Any]:
 def _other_lab() -> dict[str, Any]:
     """Another segment, interface, VRID and advert interval: nothing may be hard-coded."""
     raw = namespace()
-    raw["network"] = {**raw["network"], "cidr": "192.168.7.0/25", "gateway": "192.168.7.1",
-                      "dnsServers": ["192.168.7.1"], "interface": "ens224"}
+    raw["network"] = {
+        **raw["network"],
+        "cidr": "192.168.7.0/25",
+        "gateway": "192.168.7.1",
+        "dnsServers": ["192.168.7.1"],
+        "interface": "ens224",
+    }
     for role, base in (("balancers", 10), ("controlPlanes", 20), ("workers", 30)):
         for i, host in enumerate(raw["nodes"][role]["hosts"]):
             host["ip"] = f"192.168.7.{base + i}"
@@ -96,8 +103,9 @@ def keepalived_check(config: Path, interface: str) -> subprocess.CompletedProces
     """`keepalived -t` in a private network namespace that has the config's interface (a veth:
     `-t` rejects an interface that does not exist). `unshare --pid --fork` works around the
     2.2.7 bug that makes `-t` kill itself when script_user is set (see setup-balancer.sh)."""
-    script = (f"ip link add {interface} type veth peer name lk8s-peer && "
-              f"exec unshare --pid --fork keepalived -t -f {config}")
+    script = (
+        f"ip link add {interface} type veth peer name lk8s-peer && exec unshare --pid --fork keepalived -t -f {config}"
+    )
     return subprocess.run(["unshare", "--net", "bash", "-c", script], capture_output=True, text=True, timeout=30)
 
 
@@ -108,8 +116,9 @@ def _write_keepalived(cfg: LabConfig, workdir: Path, balancer_index: int = 0, **
     check.chmod(0o755)
     conf = workdir / f"keepalived-{balancer_index}.conf"
     paths = lb.BalancerPaths(check_script=str(check))
-    conf.write_text(lb.render_keepalived_conf(cfg, cfg.balancers[balancer_index], TEST_VRRP_PASSWORD, paths=paths,
-                                              **kwargs))
+    conf.write_text(
+        lb.render_keepalived_conf(cfg, cfg.balancers[balancer_index], TEST_VRRP_PASSWORD, paths=paths, **kwargs)
+    )
     return conf
 
 
@@ -212,8 +221,9 @@ def test_haproxy_is_l4_passthrough_with_https_health_checks(variant: LabConfig) 
     ]
     assert re.search(r"default-server check verify none inter 2s fall 3 rise 2$", ssh, re.MULTILINE)
     assert "shutdown-sessions" not in ssh
-    assert re.findall(r"^\s+server (\S+) (\S+)$", ssh, re.MULTILINE) == [(n.name, f"{n.ip}:22")
-                                                                    for n in variant.control_planes]
+    assert re.findall(r"^\s+server (\S+) (\S+)$", ssh, re.MULTILINE) == [
+        (n.name, f"{n.ip}:22") for n in variant.control_planes
+    ]
 
 
 def test_keepalived_pair(labs: LabConfig) -> None:
@@ -246,7 +256,11 @@ def test_keepalived_single_balancer_holds_the_vip_alone() -> None:
     assert re.search(r"^\s+state MASTER$", text, re.MULTILINE)
     assert "10.3.60.100/24 dev ens192" in text
     assert set(lb.balancer_files(cfg, cfg.balancers[0], TEST_VRRP_PASSWORD)) == {
-        "haproxy.cfg", "keepalived.conf", "check_apiserver.sh", "setup-balancer.sh"}
+        "haproxy.cfg",
+        "keepalived.conf",
+        "check_apiserver.sh",
+        "setup-balancer.sh",
+    }
 
 
 def test_weight_mode_is_only_a_bench_option(labs: LabConfig) -> None:
@@ -259,7 +273,7 @@ def test_weight_mode_is_only_a_bench_option(labs: LabConfig) -> None:
 def test_vrrp_password_is_validated_and_truncated_to_8(labs: LabConfig) -> None:
     assert lb.vrrp_auth_pass("abcdefgh") == "abcdefgh"
     assert lb.vrrp_auth_pass("abcdefghXYZ123") == "abcdefgh"
-    for bad in ("short", "", "has space12", "quote\"12345", "semi;colon12"):
+    for bad in ("short", "", "has space12", 'quote"12345', "semi;colon12"):
         with pytest.raises(ValueError):
             lb.vrrp_auth_pass(bad)
     texts = [lb.render_keepalived_conf(labs, b, "Abcdefgh12345678") for b in labs.balancers]
@@ -295,14 +309,22 @@ def _problem_keys(raw: dict[str, Any]) -> list[str]:
         (lambda r: r["loadBalancer"].update(vip="10.3.60.51"), "loadBalancer.vip"),
         (lambda r: r["loadBalancer"].update(vrrpRouterId=256), "loadBalancer.vrrpRouterId"),
         (lambda r: r["loadBalancer"].update(advertIntSeconds=0), "loadBalancer.advertIntSeconds"),
-        (lambda r: r["nodes"]["balancers"].update(hosts=r["nodes"]["balancers"]["hosts"][:1]),
-         "nodes.balancers.hosts"),
-        (lambda r: r["nodes"]["balancers"]["hosts"].append({"name": "labs-k8s-lb03", "ip": "10.3.60.57"}),
-         "nodes.balancers.hosts"),
+        (lambda r: r["nodes"]["balancers"].update(hosts=r["nodes"]["balancers"]["hosts"][:1]), "nodes.balancers.hosts"),
+        (
+            lambda r: r["nodes"]["balancers"]["hosts"].append({"name": "labs-k8s-lb03", "ip": "10.3.60.57"}),
+            "nodes.balancers.hosts",
+        ),
         (lambda r: r["nodes"]["balancers"]["hosts"][1].update(ip="10.3.70.56"), "nodes.balancers.hosts[1].ip"),
     ],
-    ids=["vip-outside-cidr", "vip-is-a-node", "vrid-256", "advert-0", "one-balancer-no-opt-in", "three-balancers",
-         "balancer-outside-cidr"],
+    ids=[
+        "vip-outside-cidr",
+        "vip-is-a-node",
+        "vrid-256",
+        "advert-0",
+        "one-balancer-no-opt-in",
+        "three-balancers",
+        "balancer-outside-cidr",
+    ],
 )
 def test_broken_inputs_are_rejected_before_rendering(mutate: Any, key: str) -> None:
     raw = namespace()
@@ -321,8 +343,9 @@ def test_shellcheck_every_balancer_script(variant: LabConfig, workdir: Path) -> 
     rendered = workdir / "check_apiserver.sh"
     rendered.write_text(lb.render_check_script(variant))
     for script in [*scripts, rendered]:
-        result = subprocess.run(["shellcheck", "--shell=bash", "--severity=style", str(script)],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            ["shellcheck", "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True
+        )
         assert result.returncode == 0, f"{script.name}:\n{result.stdout}"
 
 
@@ -364,10 +387,21 @@ def test_check_script_tracks_a_real_haproxy(labs: LabConfig, workdir: Path) -> N
     check = workdir / "check_apiserver.sh"
     check.write_text(lb.render_check_script(labs))
     check.chmod(0o755)
-    driver = CHECK_DRIVER.format(iface=labs.network.interface, ip=labs.balancers[1].ip,
-                                 prefix=labs.prefix_length, user=lb.SCRIPT_USER, check=check, workdir=workdir)
-    result = subprocess.run(["unshare", "--net", "bash", "-c", driver], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=60)
+    driver = CHECK_DRIVER.format(
+        iface=labs.network.interface,
+        ip=labs.balancers[1].ip,
+        prefix=labs.prefix_length,
+        user=lb.SCRIPT_USER,
+        check=check,
+        workdir=workdir,
+    )
+    result = subprocess.run(
+        ["unshare", "--net", "bash", "-c", driver],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+    )
     out = result.stdout
     blocks = dict(re.findall(r"== (.+?)\n(.*?)(?=\n== |\Z)", out, re.DOTALL))
     assert "rc=1" in blocks["no haproxy"] and "does not accept" in blocks["no haproxy"], out
@@ -434,8 +468,13 @@ def test_setup_balancer_is_idempotent_and_never_installs_a_bad_config(labs: LabC
     bad = {**files, "haproxy.cfg": files["haproxy.cfg"].replace("balance roundrobin", "balance bogus")}
     (out / "bad-bundle.sh").write_text(step_bundle(lb.STEP_NAME, bad, lb.SETUP_SCRIPT).replace(STEP_ROOT, str(steps)))
     driver = SETUP_DRIVER.format(iface=labs.network.interface, root=root, stubs=stubs, out=out)
-    result = subprocess.run(["unshare", "--mount", "--net", "bash", "-c", driver], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "LC_ALL": "C"})
+    result = subprocess.run(
+        ["unshare", "--mount", "--net", "bash", "-c", driver],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LC_ALL": "C"},
+    )
     assert result.returncode == 0, result.stderr
     run1, run2, run3 = ((out / f"run{i}.log").read_text() for i in (1, 2, 3))
     assert (out / "run1.rc").read_text().strip() == "0", run1

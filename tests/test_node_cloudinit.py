@@ -523,8 +523,7 @@ def cloud_init_view(cfg) -> dict[str, Any]:
         "sectors": DATA_DISK_TEST_SECTORS,
         "nodes": {n.name: guestinfo_extra_config(cfg, n) for n in cfg.all_nodes},
         "nics": {
-            n.name: [["ens160", n.mac], ["ens224", n.mac], [cfg.network.interface, n.mac],
-                     ["ens192", FOREIGN_MAC]]
+            n.name: [["ens160", n.mac], ["ens224", n.mac], [cfg.network.interface, n.mac], ["ens192", FOREIGN_MAC]]
             for n in cfg.all_nodes
         },
     }
@@ -576,8 +575,13 @@ def test_cloud_init_renders_the_static_address_for_every_renderer(cfg, cloud_ini
         assert plan["set-name"] == expected["interface"]
 
         networkd_text = seen["rendered"]["networkd"]
-        for line in (f"Address={ip}/{prefix}", f"Gateway={gateway}", f"MACAddress={expected['macs'][node.name]}",
-                     f"Name={expected['interface']}", "DHCP=no"):
+        for line in (
+            f"Address={ip}/{prefix}",
+            f"Gateway={gateway}",
+            f"MACAddress={expected['macs'][node.name]}",
+            f"Name={expected['interface']}",
+            "DHCP=no",
+        ):
             assert line in networkd_text
 
 
@@ -597,13 +601,13 @@ def test_debian_clone_names_its_nic_by_the_static_mac(cfg, cloud_init_view, expe
         assert f"    address {ip}/{prefix}\n" in stanza
         assert "auto lo" in stanza and stanza.count("inet static") == 1
         (rule,) = files["etc/udev/rules.d/70-persistent-net.rules"].splitlines()
-        assert rule == (f'SUBSYSTEM=="net", ACTION=="add", DRIVERS=="?*", ATTR{{address}}=="{mac}", '
-                        f'NAME="{interface}"')
+        assert rule == (f'SUBSYSTEM=="net", ACTION=="add", DRIVERS=="?*", ATTR{{address}}=="{mac}", NAME="{interface}"')
 
         renames = seen["renames"]
         for kernel_name in ("ens160", "ens224"):
             assert renames[f"{kernel_name} {mac}"] == {
-                "commands": [["ip", "link", "set", kernel_name, "name", interface]]}
+                "commands": [["ip", "link", "set", kernel_name, "name", interface]]
+            }
         assert renames[f"{interface} {mac}"] == {"commands": []}
         # No NIC with the node's MAC: cloud-init says so (init-local logs it; see troubleshooting).
         assert f"Cannot rename mac={mac} to {interface}, not available" in renames[f"ens192 {FOREIGN_MAC}"]["error"]
@@ -633,11 +637,16 @@ def test_data_disk_partition_table_is_one_that_sfdisk_accepts(cfg, cloud_init_vi
         disk = tmp_path / f"{node.name}.img"
         with disk.open("wb") as handle:
             handle.truncate(DATA_DISK_TEST_SECTORS * 512)
-        made = subprocess.run(["sfdisk", "--Linux", "--unit=S", "--force", str(disk)], input=f"{sfdisk_input}\n",
-                              capture_output=True, text=True)
+        made = subprocess.run(
+            ["sfdisk", "--Linux", "--unit=S", "--force", str(disk)],
+            input=f"{sfdisk_input}\n",
+            capture_output=True,
+            text=True,
+        )
         assert made.returncode == 0, f"{node.name}: sfdisk rejected {sfdisk_input!r}:\n{made.stderr}"
-        table = json.loads(subprocess.run(["sfdisk", "-J", str(disk)], capture_output=True, text=True,
-                                          check=True).stdout)["partitiontable"]
+        table = json.loads(
+            subprocess.run(["sfdisk", "-J", str(disk)], capture_output=True, text=True, check=True).stdout
+        )["partitiontable"]
         assert table["label"] == "dos"
         (partition,) = table["partitions"]
         assert partition["type"] == "83"

@@ -56,9 +56,23 @@ def first_boot_files(cfg: LabConfig, node: Node, tmp: Path) -> dict[str, str]:
     source.write_text(node_rendering.render_network_config(cfg, node))
     out = tmp / "boot-render"
     subprocess.run(
-        ["/usr/bin/cloud-init", "devel", "net-convert", "-p", str(source), "-k", "yaml", "-D", "debian",
-         "-d", str(out), "-O", "eni"],
-        check=True, capture_output=True,
+        [
+            "/usr/bin/cloud-init",
+            "devel",
+            "net-convert",
+            "-p",
+            str(source),
+            "-k",
+            "yaml",
+            "-D",
+            "debian",
+            "-d",
+            str(out),
+            "-O",
+            "eni",
+        ],
+        check=True,
+        capture_output=True,
     )
     servers = " ".join(cfg.network.ntp_servers)
     return {

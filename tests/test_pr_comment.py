@@ -34,10 +34,17 @@ def file_change(host: str, path: str, body_lines: int, seed: str = "", status: s
 
 
 def report(files: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"format": 1, "stack": "labs",
-            "base": {"title": "main (4b1c0de4b1c0)", "commit": "4b1c0de4b1c0" * 3, "stack_file": True},
-            "head": {"title": "working tree at 9f8e7d6c5b4a", "commit": "9f8e7d6c5b4a" * 3, "stack_file": True},
-            "changed": bool(files), "error": "", "files": files, "resources": [], **extra}
+    return {
+        "format": 1,
+        "stack": "labs",
+        "base": {"title": "main (4b1c0de4b1c0)", "commit": "4b1c0de4b1c0" * 3, "stack_file": True},
+        "head": {"title": "working tree at 9f8e7d6c5b4a", "commit": "9f8e7d6c5b4a" * 3, "stack_file": True},
+        "changed": bool(files),
+        "error": "",
+        "files": files,
+        "resources": [],
+        **extra,
+    }
 
 
 def well_formed(comment: str) -> None:
@@ -60,8 +67,10 @@ def shown_diffs(comment: str) -> list[str]:
 
 
 def test_a_short_report_is_shown_whole():
-    files = [file_change("labs-k8s-lb01", "steps/lb-setup/haproxy.cfg", 3),
-             file_change("labs-k8s-m01", "steps/prepare/params.env", 2, seed="m")]
+    files = [
+        file_change("labs-k8s-lb01", "steps/lb-setup/haproxy.cfg", 3),
+        file_change("labs-k8s-m01", "steps/prepare/params.env", 2, seed="m"),
+    ]
     comment = build_comment(report(files), RUN_URL)
     assert comment.startswith(MARKER + "\n")
     assert shown_diffs(comment) == ["labs-k8s-lb01/steps/lb-setup/haproxy.cfg", "labs-k8s-m01/steps/prepare/params.env"]
@@ -72,8 +81,9 @@ def test_a_short_report_is_shown_whole():
 
 
 def test_a_long_report_keeps_the_summary_and_the_first_diffs_and_says_where_the_rest_is():
-    files = [file_change(f"labs-k8s-w{i // 10:02d}", f"steps/prepare/file-{i:03d}.sh", 40, seed=str(i))
-             for i in range(120)]
+    files = [
+        file_change(f"labs-k8s-w{i // 10:02d}", f"steps/prepare/file-{i:03d}.sh", 40, seed=str(i)) for i in range(120)
+    ]
     full = sum(size(f["diff"]) for f in files)
     assert full > 3 * COMMENT_LIMIT  # the case: far more than one comment holds
     comment = build_comment(report(files), RUN_URL)
@@ -136,8 +146,9 @@ def test_a_diff_cannot_close_its_code_block_early():
 
 
 def test_the_same_change_on_many_machines_is_shown_once():
-    files = [file_change(f"labs-k8s-{host}", "steps/prepare/params.env", 3)
-             for host in ("m01", "m02", "m03", "w01", "w02")]
+    files = [
+        file_change(f"labs-k8s-{host}", "steps/prepare/params.env", 3) for host in ("m01", "m02", "m03", "w01", "w02")
+    ]
     for change in files:  # identical hunks, different file names
         change["diff"] = change["diff"].replace(change["host"], "HOST", 0)
     comment = build_comment(report(files), RUN_URL)
@@ -156,9 +167,24 @@ def test_the_build_command_needs_only_the_standard_library(tmp_path):
     files = [file_change(f"h{i}", "f", 60, seed=str(i)) for i in range(100)]
     (tmp_path / "report.json").write_text(json.dumps(report(files)))
     proc = subprocess.run(
-        [sys.executable, "-S", "-m", "components.tools.pr_comment", "build", "--report", str(tmp_path / "report.json"),
-         "--full-diff-url", RUN_URL, "--out", str(tmp_path / "comment.md")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "components.tools.pr_comment",
+            "build",
+            "--report",
+            str(tmp_path / "report.json"),
+            "--full-diff-url",
+            RUN_URL,
+            "--out",
+            str(tmp_path / "comment.md"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     comment = (tmp_path / "comment.md").read_text()
@@ -257,15 +283,34 @@ def github() -> Iterator[tuple[FakeGitHub, str]]:
         server.server_close()
 
 
-def post(url: str, tmp_path: Path, number: int, body: str, head_sha: str = "a" * 40,
-         head_repo: str = "fork/r") -> subprocess.CompletedProcess[str]:
+def post(
+    url: str, tmp_path: Path, number: int, body: str, head_sha: str = "a" * 40, head_repo: str = "fork/r"
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "pull-request.json").write_text(json.dumps({"number": number, "headSha": "ignored"}))
     (tmp_path / "comment.md").write_text(body)
     return subprocess.run(
-        [sys.executable, "-S", "-m", "components.tools.pr_comment", "post", "--repo", "o/r",
-         "--pull-request-file", str(tmp_path / "pull-request.json"), "--head-sha", head_sha,
-         "--head-repo", head_repo, "--body-file", str(tmp_path / "comment.md")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "components.tools.pr_comment",
+            "post",
+            "--repo",
+            "o/r",
+            "--pull-request-file",
+            str(tmp_path / "pull-request.json"),
+            "--head-sha",
+            head_sha,
+            "--head-repo",
+            head_repo,
+            "--body-file",
+            str(tmp_path / "comment.md"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
         env={"GITHUB_TOKEN": "t0ken", "GITHUB_API_URL": url, "PATH": "/usr/bin:/bin"},
     )
 
@@ -317,24 +362,46 @@ def test_api_errors_fail_the_step(github, tmp_path):
     assert unmarked.returncode == 1 and "no marker" in unmarked.stderr
 
 
-def resource(step: int, action: str, name: str, inputs: list[str], secret: list[str] | None = None,
-             cause: str = "inputs") -> dict[str, Any]:
-    return {"step": step, "kind": action, "action": action, "name": name, "type": "command:remote:Command",
-            "type_label": "step", "inputs": inputs, "secret_inputs": secret or [], "cause": cause}
+def resource(
+    step: int, action: str, name: str, inputs: list[str], secret: list[str] | None = None, cause: str = "inputs"
+) -> dict[str, Any]:
+    return {
+        "step": step,
+        "kind": action,
+        "action": action,
+        "name": name,
+        "type": "command:remote:Command",
+        "type_label": "step",
+        "inputs": inputs,
+        "secret_inputs": secret or [],
+        "cause": cause,
+    }
 
 
 def test_the_resources_come_first_grouped_as_pulumi_up_runs_them():
-    resources = [resource(1, "replace", "labs-k8s-lb01-lb-setup", ["triggers", "stdin"], ["triggers", "stdin"]),
-                 resource(1, "replace", "labs-k8s-lb02-lb-setup", ["triggers", "stdin"], ["triggers", "stdin"]),
-                 resource(2, "replace", "labs-k8s-m01-kubeadm-init", ["triggers"], ["triggers"],
-                          cause="replaced: labs-k8s-lb01-lb-setup")]
+    resources = [
+        resource(1, "replace", "labs-k8s-lb01-lb-setup", ["triggers", "stdin"], ["triggers", "stdin"]),
+        resource(1, "replace", "labs-k8s-lb02-lb-setup", ["triggers", "stdin"], ["triggers", "stdin"]),
+        resource(
+            2,
+            "replace",
+            "labs-k8s-m01-kubeadm-init",
+            ["triggers"],
+            ["triggers"],
+            cause="replaced: labs-k8s-lb01-lb-setup",
+        ),
+    ]
     files = [file_change("labs-k8s-lb01", "steps/lb-setup/haproxy.cfg", 3)]
     comment = build_comment(report(files, resources=resources), RUN_URL)
     assert "**Resources**: 3 to replace, in the order `pulumi up` runs them." in comment
-    assert ("| 1 | replace | step: `labs-k8s-lb01-lb-setup`, `labs-k8s-lb02-lb-setup` | "
-            "`triggers` [secret], `stdin` [secret] |") in comment
-    assert ("| 2 | replace (because replaced: labs-k8s-lb01-lb-setup) | step: `labs-k8s-m01-kubeadm-init` | "
-            "`triggers` [secret] |") in comment
+    assert (
+        "| 1 | replace | step: `labs-k8s-lb01-lb-setup`, `labs-k8s-lb02-lb-setup` | "
+        "`triggers` [secret], `stdin` [secret] |"
+    ) in comment
+    assert (
+        "| 2 | replace (because replaced: labs-k8s-lb01-lb-setup) | step: `labs-k8s-m01-kubeadm-init` | "
+        "`triggers` [secret] |"
+    ) in comment
     assert comment.index("**Resources**") < comment.index("**Files**") < comment.index("<details")
     # A change of resources alone (a rotated key) is a change: no "No change", no file table.
     only = build_comment(report([], resources=resources[:1]) | {"changed": True}, RUN_URL)

@@ -54,8 +54,13 @@ def inputs_for(vcsim, lab: LabConfig, monkeypatch) -> StackInputs:
         lab=lab,
         ssh_private_key="unused",  # type: ignore[arg-type]
         # `vsphere:vsphereServer` as host:port, the way a vCenter on another port is configured.
-        vcenter=VcenterCredentials(server=vcsim.server, user=vcsim.user, password="unused",  # type: ignore[arg-type]
-                                   allow_unverified_ssl=True, plain_password=vcsim.password),
+        vcenter=VcenterCredentials(
+            server=vcsim.server,
+            user=vcsim.user,
+            password="unused",  # type: ignore[arg-type]
+            allow_unverified_ssl=True,
+            plain_password=vcsim.password,
+        ),
         stack="labs",
     )
 
@@ -89,8 +94,10 @@ def test_spec_carries_rules_vms_and_the_vip(lab_config):
 def small_disks(lab: LabConfig, gib: int = 1) -> LabConfig:
     """vcsim's datastore reports this machine's free disk; keep the lab well inside it."""
     nodes = lab.nodes.model_copy(
-        update={role: getattr(lab.nodes, role).model_copy(update={"data_disk_gib": gib})
-                for role in ("control_planes", "workers")}
+        update={
+            role: getattr(lab.nodes, role).model_copy(update={"data_disk_gib": gib})
+            for role in ("control_planes", "workers")
+        }
     )
     return lab.model_copy(update={"nodes": nodes, "template": lab.template.model_copy(update={"disk_gib": gib})})
 
@@ -141,18 +148,29 @@ def test_a_missing_datastore_names_the_key(with_folder, lab_config, monkeypatch)
 
 
 @pytest.mark.parametrize(("reported", "warned"), [("192.168.7.20", True), ("10.3.60.200", False)])
-def test_a_port_group_whose_vms_report_another_subnet_is_warned_about(with_folder, lab_config, monkeypatch,
-                                                                      reported, warned):
+def test_a_port_group_whose_vms_report_another_subnet_is_warned_about(
+    with_folder, lab_config, monkeypatch, reported, warned
+):
     """The example's 10.3.60.0/24 kept on another network was found only at the first readiness
     step, 30-45 minutes in. A VM already on the port group (here an unrelated one whose Tools
     report `reported`, vcsim's SET.guest.ipAddress) tells preflight the port group's subnet."""
     sim = with_folder(hosts=3)
     with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
-        other = vs.create_builder_vm(si, vs.BuilderVmSpec(
-            name="someone-elses-vm", datacenter=sim.datacenter, cluster=sim.cluster, datastore=sim.datastore,
-            network=sim.network, iso_path=f"[{sim.datastore}] iso/none.iso", folder=FOLDER, disk_gib=1,
-            memory_mib=64, extra_config={"SET.guest.ipAddress": reported},
-        )).vm
+        other = vs.create_builder_vm(
+            si,
+            vs.BuilderVmSpec(
+                name="someone-elses-vm",
+                datacenter=sim.datacenter,
+                cluster=sim.cluster,
+                datastore=sim.datastore,
+                network=sim.network,
+                iso_path=f"[{sim.datastore}] iso/none.iso",
+                folder=FOLDER,
+                disk_gib=1,
+                memory_mib=64,
+                extra_config={"SET.guest.ipAddress": reported},
+            ),
+        ).vm
         if other.runtime.powerState != "poweredOn":
             vs.wait_for_task(other.PowerOnVM_Task(), "power on someone-elses-vm")
     warnings: list[str] = []
@@ -161,8 +179,10 @@ def test_a_port_group_whose_vms_report_another_subnet_is_warned_about(with_folde
     subnet = [w for w in warnings if "[network]" in w or "labs-k8s:network.cidr" in w]
     if warned:
         assert len(subnet) == 1, warnings
-        assert f"VMs on port group {sim.network!r} report 192.168.7.20 (someone-elses-vm), none inside " \
-               "labs-k8s:network.cidr 10.3.60.0/24" in subnet[0]
+        assert (
+            f"VMs on port group {sim.network!r} report 192.168.7.20 (someone-elses-vm), none inside "
+            "labs-k8s:network.cidr 10.3.60.0/24" in subnet[0]
+        )
     else:
         assert subnet == [], subnet
 
@@ -174,8 +194,13 @@ def test_preflight_can_be_switched_off(lab_config, monkeypatch):
         raise AssertionError("preflight off must not connect")
 
     monkeypatch.setattr(vs, "session", no_vcenter)
-    run_preflight(StackInputs(lab=off, ssh_private_key="x",  # type: ignore[arg-type]
-                              vcenter=VcenterCredentials("h", "u", "p", False)))  # type: ignore[arg-type]
+    run_preflight(
+        StackInputs(
+            lab=off,
+            ssh_private_key="x",  # type: ignore[arg-type]
+            vcenter=VcenterCredentials("h", "u", "p", False),
+        )
+    )  # type: ignore[arg-type]
 
 
 def test_our_own_vms_are_not_collisions(with_folder, lab_config, monkeypatch):
@@ -186,7 +211,10 @@ def test_our_own_vms_are_not_collisions(with_folder, lab_config, monkeypatch):
         pool = vs.find_cluster(si, dc, sim.cluster).resourcePool
         for name, stack in (("labs-k8s-w01", "labs"), ("labs-k8s-w02", "someone-else")):
             spec = vim.vm.ConfigSpec(
-                name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                name=name,
+                guestId="otherGuest64",
+                numCPUs=1,
+                memoryMB=64,
                 files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
                 extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in vs.stack_tag(stack).items()],
             )
@@ -208,21 +236,36 @@ def test_a_lab_that_exists_passes_preflight(with_folder, lab_config, monkeypatch
     gib = max(1, int(free / vs.GiB / 20))  # 8 VMs, 13 disks: 65 % of the free space, 75 % with margin
     lab = small_disks(lab_config, gib)
     # Little memory too: swap files count, and this machine's free space is not the subject.
-    nodes = lab.nodes.model_copy(update={role: getattr(lab.nodes, role).model_copy(update={"memory_mib": 256})
-                                         for role in ("balancers", "control_planes", "workers")})
-    lab = lab_on(sim, lab.model_copy(update={
-        "nodes": nodes, "template": lab.template.model_copy(update={"memory_mib": 256})}))
+    nodes = lab.nodes.model_copy(
+        update={
+            role: getattr(lab.nodes, role).model_copy(update={"memory_mib": 256})
+            for role in ("balancers", "control_planes", "workers")
+        }
+    )
+    lab = lab_on(
+        sim, lab.model_copy(update={"nodes": nodes, "template": lab.template.model_copy(update={"memory_mib": 256})})
+    )
     info: list[str] = []
     monkeypatch.setattr(pulumi.log, "info", lambda message, *a, **k: info.append(message))
     run_preflight(inputs_for(sim, lab, monkeypatch))  # the first `up`: it fits
     planned = preflight_spec(lab, "labs").vms
     with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
         for vm in planned:
-            built = vs.create_builder_vm(si, vs.BuilderVmSpec(
-                name=vm.name, datacenter=sim.datacenter, cluster=sim.cluster, datastore=sim.datastore,
-                network=sim.network, iso_path=f"[{sim.datastore}] iso/none.iso", folder=FOLDER,
-                disk_gib=sum(vm.disk_gib), memory_mib=vm.memory_mib, extra_config=vs.stack_tag("labs"),
-            ))
+            built = vs.create_builder_vm(
+                si,
+                vs.BuilderVmSpec(
+                    name=vm.name,
+                    datacenter=sim.datacenter,
+                    cluster=sim.cluster,
+                    datastore=sim.datastore,
+                    network=sim.network,
+                    iso_path=f"[{sim.datastore}] iso/none.iso",
+                    folder=FOLDER,
+                    disk_gib=sum(vm.disk_gib),
+                    memory_mib=vm.memory_mib,
+                    extra_config=vs.stack_tag("labs"),
+                ),
+            )
             if vm.name.startswith(lab.template.name):
                 vs.detach_iso(built.vm, remove_device=True)
                 vs.mark_as_template(built.vm)
@@ -231,8 +274,10 @@ def test_a_lab_that_exists_passes_preflight(with_folder, lab_config, monkeypatch
     info.clear()
     run_preflight(inputs_for(sim, lab, monkeypatch))  # the re-run: raises on any error
     assert "preflight: guest id: the template and its clones will use debian12_64Guest" in info
-    assert f"preflight: {len(planned)} of the stack's VMs exist already; the datastore check counts only " \
-           "what is still to be created" in info
+    assert (
+        f"preflight: {len(planned)} of the stack's VMs exist already; the datastore check counts only "
+        "what is still to be created" in info
+    )
 
 
 def test_plain_password_stays_out_of_reprs():
@@ -254,8 +299,10 @@ def packages_index(minor: str) -> str:
     for patch in PATCHES[minor]:
         for package in ("cri-tools", "kubeadm", "kubectl", "kubelet", "kubernetes-cni"):
             version = patch if package in releases.PACKAGES else "1.5.0"
-            stanzas.append(f"Package: {package}\nArchitecture: amd64\nVersion: {version}-1.1\n"
-                           f"Filename: {package}_{version}.deb\nSize: 1000\n")
+            stanzas.append(
+                f"Package: {package}\nArchitecture: amd64\nVersion: {version}-1.1\n"
+                f"Filename: {package}_{version}.deb\nSize: 1000\n"
+            )
     return "\n".join(stanzas)
 
 
@@ -290,10 +337,12 @@ def repository() -> Iterator[str]:
 
 
 def with_version(lab, version: str, url: str):
-    return lab.model_copy(update={
-        "kubernetes": lab.kubernetes.model_copy(update={"version": version}),
-        "preflight": lab.preflight.model_copy(update={"kubernetes_packages_url": url}),
-    })
+    return lab.model_copy(
+        update={
+            "kubernetes": lab.kubernetes.model_copy(update={"version": version}),
+            "preflight": lab.preflight.model_copy(update={"kubernetes_packages_url": url}),
+        }
+    )
 
 
 @pytest.fixture
@@ -319,8 +368,9 @@ def test_an_unreleased_minor_fails_preflight(sim, lab_config, monkeypatch, repos
 
 
 def test_an_existing_release_passes(sim, lab_config, monkeypatch, repository):
-    run_preflight(inputs_for(sim, with_version(lab_on(sim, small_disks(lab_config)), "1.36.2", repository),
-                             monkeypatch))
+    run_preflight(
+        inputs_for(sim, with_version(lab_on(sim, small_disks(lab_config)), "1.36.2", repository), monkeypatch)
+    )
     assert PackagesHandler.requests == ["/v1.36/deb/Packages"]
 
 
@@ -350,8 +400,11 @@ def test_an_nfs_datastore_without_hardware_acceleration_is_refused(with_folder, 
         # vcsim keeps the datastore's files in the local directory localPath; its base name is the name.
         (tmp_path / "nfs1").mkdir()
         spec = vim.host.NasVolume.Specification(
-            remoteHost="127.0.0.1", remotePath="/export/nfs1", localPath=str(tmp_path / "nfs1"),
-            accessMode="readWrite", type="NFS",
+            remoteHost="127.0.0.1",
+            remotePath="/export/nfs1",
+            localPath=str(tmp_path / "nfs1"),
+            accessMode="readWrite",
+            type="NFS",
         )
         cluster.host[0].configManager.datastoreSystem.CreateNasDatastore(spec)
     with pytest.raises(pulumi.RunError) as caught:
@@ -376,7 +429,10 @@ def test_a_tagged_vm_the_state_does_not_know_is_a_leftover(with_folder, lab_conf
         uuids = {}
         for name in ("labs-k8s-w01", "labs-k8s-w02"):
             spec = vim.vm.ConfigSpec(
-                name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                name=name,
+                guestId="otherGuest64",
+                numCPUs=1,
+                memoryMB=64,
                 files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
                 extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in vs.stack_tag("labs").items()],
             )
@@ -385,8 +441,10 @@ def test_a_tagged_vm_the_state_does_not_know_is_a_leftover(with_folder, lab_conf
     with pytest.raises(pulumi.RunError) as caught:
         run_preflight(inputs_for(sim, lab, monkeypatch), state)
     message = str(caught.value)
-    assert f"labs-k8s-w02 (uuid {uuids['labs-k8s-w02']}) carries this stack's tag, but the stack's state has " \
-           "no VM of that name" in message
+    assert (
+        f"labs-k8s-w02 (uuid {uuids['labs-k8s-w02']}) carries this stack's tag, but the stack's state has "
+        "no VM of that name" in message
+    )
     assert "vsphere:apiTimeout" in message and "Delete from Disk" in message
     assert "labs-k8s-w01" not in message
     run_preflight(inputs_for(sim, lab, monkeypatch), PreviousState(available=False))  # raises on any error
@@ -404,14 +462,18 @@ def test_a_violated_rule_and_a_must_rule_as_wide_as_the_cluster_are_named(with_f
         balancers = []
         for name in ("labs-k8s-lb01", "labs-k8s-lb02"):
             spec = vim.vm.ConfigSpec(
-                name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+                name=name,
+                guestId="otherGuest64",
+                numCPUs=1,
+                memoryMB=64,
                 files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
                 extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in vs.stack_tag("labs").items()],
             )
             task = dc.vmFolder.CreateVM_Task(config=spec, pool=cluster.resourcePool, host=host)
             balancers.append(vs.wait_for_task(task, name))
-        rule = vim.cluster.AntiAffinityRuleSpec(name="labs-k8s-labs-balancers", enabled=True, mandatory=True,
-                                                vm=balancers)
+        rule = vim.cluster.AntiAffinityRuleSpec(
+            name="labs-k8s-labs-balancers", enabled=True, mandatory=True, vm=balancers
+        )
         change = vim.cluster.ConfigSpecEx(rulesSpec=[vim.cluster.RuleSpec(operation="add", info=rule)])
         vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "rules")
         host_name = host.name
@@ -419,8 +481,9 @@ def test_a_violated_rule_and_a_must_rule_as_wide_as_the_cluster_are_named(with_f
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(message))
     run_preflight(inputs_for(sim, lab, monkeypatch))  # warnings, not errors
     text = "\n".join(warnings)
-    assert f"anti-affinity rule 'labs-k8s-labs-balancers' is violated: labs-k8s-lb01, labs-k8s-lb02 on {host_name}" \
-        in text
+    assert (
+        f"anti-affinity rule 'labs-k8s-labs-balancers' is violated: labs-k8s-lb01, labs-k8s-lb02 on {host_name}" in text
+    )
     # Three control planes on three hosts under a must-rule: host maintenance is blocked.
     assert "mandatory anti-affinity rule 'labs-k8s-labs-control-planes' has 3 VMs" in text
     assert "DRS cannot evacuate a host for maintenance mode" in text and "Host maintenance" in text
@@ -439,8 +502,13 @@ def test_a_node_to_be_recloned_from_a_template_that_is_gone_is_named_with_the_fi
     w01 = next(node for node in lab.all_nodes if node.name == "labs-k8s-w01")
     with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
         dc = vs.find_datacenter(si, sim.datacenter)
-        spec = vim.vm.ConfigSpec(name="labs-k8s-debian12-current", guestId="otherGuest64", numCPUs=1, memoryMB=64,
-                                 files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"))
+        spec = vim.vm.ConfigSpec(
+            name="labs-k8s-debian12-current",
+            guestId="otherGuest64",
+            numCPUs=1,
+            memoryMB=64,
+            files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
+        )
         task = dc.vmFolder.CreateVM_Task(config=spec, pool=vs.find_cluster(si, dc, sim.cluster).resourcePool)
         current = vs.wait_for_task(task, "template").config.uuid
     gone = "4212d0c1-0000-0000-0000-00000000dead"
@@ -455,14 +523,18 @@ def test_a_node_to_be_recloned_from_a_template_that_is_gone_is_named_with_the_fi
     message = str(caught.value)
     # The engine's URN carries every parent's type (the mock engine's only the nearest one), as
     # docs/runbook.md "Rebuilding the template" shows it.
-    urn = ("urn:pulumi:labs::labs-k8s::labs-k8s:lab:Lab$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:Resource::"
-           "labs-k8s-w01-clone-source")
+    urn = (
+        "urn:pulumi:labs::labs-k8s::labs-k8s:lab:Lab$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:Resource::"
+        "labs-k8s-w01-clone-source"
+    )
     # The runbook's command block names the user's stack and escapes `$` for the shell's "...".
     documented = urn.replace("urn:pulumi:labs::", "urn:pulumi:$STACK::").replace("$labs-k8s:fleet", "\\$labs-k8s:fleet")
     documented = documented.replace("$pulumi-python", "\\$pulumi-python")
     assert documented in (REPO_ROOT / "docs" / "runbook.md").read_text()
-    assert f"node labs-k8s-w01 has no VM in the stack's state (deleted outside Pulumi?) and would be cloned " \
-           f"again from template uuid {gone}" in message
+    assert (
+        f"node labs-k8s-w01 has no VM in the stack's state (deleted outside Pulumi?) and would be cloned "
+        f"again from template uuid {gone}" in message
+    )
     assert f"pulumi up --replace '{urn}'" in message
     run_preflight(inputs_for(sim, lab, monkeypatch), state(current))  # its template exists: raises on any error
 
@@ -484,12 +556,18 @@ def test_the_rules_are_checked_once_the_up_has_made_them(with_folder, lab_config
         cluster = vs.find_cluster(si, dc, sim.cluster)
         balancers = []
         for name in ("labs-k8s-lb01", "labs-k8s-lb02"):
-            spec = vim.vm.ConfigSpec(name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
-                                     files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"))
+            spec = vim.vm.ConfigSpec(
+                name=name,
+                guestId="otherGuest64",
+                numCPUs=1,
+                memoryMB=64,
+                files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
+            )
             task = dc.vmFolder.CreateVM_Task(config=spec, pool=cluster.resourcePool, host=cluster.host[1])
             balancers.append(vs.wait_for_task(task, name))
-        rule = vim.cluster.AntiAffinityRuleSpec(name="labs-k8s-labs-balancers", enabled=True, mandatory=True,
-                                                vm=balancers)
+        rule = vim.cluster.AntiAffinityRuleSpec(
+            name="labs-k8s-labs-balancers", enabled=True, mandatory=True, vm=balancers
+        )
         change = vim.cluster.ConfigSpecEx(rulesSpec=[vim.cluster.RuleSpec(operation="add", info=rule)])
         vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "rule")
         host_name = cluster.host[1].name
@@ -499,8 +577,11 @@ def test_the_rules_are_checked_once_the_up_has_made_them(with_folder, lab_config
 
     def program() -> None:
         made = pulumi_vsphere.ComputeClusterVmAntiAffinityRule(
-            "balancers-anti-affinity", name="labs-k8s-labs-balancers", compute_cluster_id="domain-c1",
-            virtual_machine_ids=["vm-1", "vm-2"])
+            "balancers-anti-affinity",
+            name="labs-k8s-labs-balancers",
+            compute_cluster_id="domain-c1",
+            virtual_machine_ids=["vm-1", "vm-2"],
+        )
         check_rules_after_up(inputs, [made.id])
 
     run_program("labs", program=program, preview=preview)
@@ -508,9 +589,11 @@ def test_the_rules_are_checked_once_the_up_has_made_them(with_folder, lab_config
     if preview:
         assert after == []
     else:
-        assert after == [f"after up: anti-affinity rule 'labs-k8s-labs-balancers' is violated: labs-k8s-lb01, "
-                         f"labs-k8s-lb02 on {host_name}. One host failure takes all of them. Let DRS fix it (fully "
-                         "automated), or vMotion one of them to another host (docs/runbook.md, \"Host maintenance\")"]
+        assert after == [
+            f"after up: anti-affinity rule 'labs-k8s-labs-balancers' is violated: labs-k8s-lb01, "
+            f"labs-k8s-lb02 on {host_name}. One host failure takes all of them. Let DRS fix it (fully "
+            'automated), or vMotion one of them to another host (docs/runbook.md, "Host maintenance")'
+        ]
 
 
 def test_a_vsan_datastore_is_refused(with_folder, lab_config, monkeypatch):
@@ -535,10 +618,15 @@ def test_partially_automated_drs_is_a_warning_naming_the_risk(with_folder, lab_c
     with vs.session(sim.host, sim.user, sim.password, port=sim.port, insecure=True) as si:
         cluster = vs.find_cluster(si, vs.find_datacenter(si, sim.datacenter), sim.cluster)
         change = vim.cluster.ConfigSpecEx(
-            drsConfig=vim.cluster.DrsConfigInfo(enabled=True, defaultVmBehavior="partiallyAutomated"))
+            drsConfig=vim.cluster.DrsConfigInfo(enabled=True, defaultVmBehavior="partiallyAutomated")
+        )
         vs.wait_for_task(cluster.ReconfigureComputeResource_Task(spec=change, modify=True), "drs")
     warnings: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(str(message)))
     run_preflight(inputs_for(sim, lab_on(sim, small_disks(lab_config)), monkeypatch))  # warnings, not errors
-    assert [w for w in warnings if "is partiallyAutomated: it places VMs at power-on but never migrates them" in w
-            and "Set the automation level to fully automated" in w]
+    assert [
+        w
+        for w in warnings
+        if "is partiallyAutomated: it places VMs at power-on but never migrates them" in w
+        and "Set the automation level to fully automated" in w
+    ]

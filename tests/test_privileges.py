@@ -114,10 +114,18 @@ def test_roles_grant_exactly_what_the_calls_need():
 
 def test_what_the_issue_found_missing_is_granted_and_what_it_found_extra_is_not():
     every_role = priv.granted(r.name for r in priv.ROLES)
-    assert {"StorageProfile.View", "VirtualMachine.Config.Resource", "VirtualMachine.Config.DiskExtend",
-            "VirtualMachine.Config.SwapPlacement"} <= every_role
-    for not_needed in ("VirtualMachine.Provisioning.Clone", "VirtualMachine.Provisioning.CloneTemplate",
-                       "VirtualMachine.Config.ChangeTracking", "Datastore.UpdateVirtualMachineFiles"):
+    assert {
+        "StorageProfile.View",
+        "VirtualMachine.Config.Resource",
+        "VirtualMachine.Config.DiskExtend",
+        "VirtualMachine.Config.SwapPlacement",
+    } <= every_role
+    for not_needed in (
+        "VirtualMachine.Provisioning.Clone",
+        "VirtualMachine.Provisioning.CloneTemplate",
+        "VirtualMachine.Config.ChangeTracking",
+        "Datastore.UpdateVirtualMachineFiles",
+    ):
         assert not_needed not in every_role
     # Modify cluster only on the lab's cluster; storage policies and root lookups at the root, not propagated.
     assert {(g.target, g.propagate) for g in priv.GRANTS if g.role == "labs-k8s-drs"} == {("cluster", False)}
@@ -132,8 +140,14 @@ def test_the_privilege_ids_are_ones_vcenter_knows(vcsim):
         assert len(known) > 200
         assert {p.id for p in priv.PRIVILEGES} <= known, {p.id for p in priv.PRIVILEGES} - known
         # Every grant's path, filled in for vcsim's inventory, names an object that exists.
-        placement = {"datacenter": vcsim.datacenter, "computeCluster": vcsim.cluster, "datastore": vcsim.datastore,
-                     "network": vcsim.network, "folder": "labs-k8s", "resourcePool": ""}
+        placement = {
+            "datacenter": vcsim.datacenter,
+            "computeCluster": vcsim.cluster,
+            "datastore": vcsim.datastore,
+            "network": vcsim.network,
+            "folder": "labs-k8s",
+            "resourcePool": "",
+        }
         vs.find_datacenter(si, vcsim.datacenter).vmFolder.CreateFolder("labs-k8s")
         index = si.RetrieveContent().searchIndex
         for grant in priv.GRANTS:
@@ -170,13 +184,25 @@ def test_the_govc_snippet_creates_each_role_with_its_privileges_and_grants_it_wh
 
 
 def test_privileges_command_fills_in_the_stack(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "components", "privileges", "--stack", "labs"], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "components", "privileges", "--stack", "labs"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert "-role labs-k8s-vms -propagate=true /Datacenter/vm/labs-k8s" in result.stdout
     assert "-role labs-k8s-drs -propagate=false /Datacenter/host/Cluster" in result.stdout
-    missing = subprocess.run([sys.executable, "-m", "components", "privileges", "--stack", "nope"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=60, check=False)
+    missing = subprocess.run(
+        [sys.executable, "-m", "components", "privileges", "--stack", "nope"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert missing.returncode == 2 and "Pulumi.nope.yaml" in missing.stderr
 
 

@@ -105,8 +105,11 @@ def test_missing_ssh_private_key_is_a_clear_error_before_registration():
 
 @pytest.mark.parametrize(
     ("server", "complaint"),
-    [("https://vcenter.labs.local/sdk", "is a URL"), ("vcenter.labs.local:44x3", "has no valid port"),
-     ("fd00::10", "is an IPv6 address without brackets")],
+    [
+        ("https://vcenter.labs.local/sdk", "is a URL"),
+        ("vcenter.labs.local:44x3", "has no valid port"),
+        ("fd00::10", "is an IPv6 address without brackets"),
+    ],
 )
 def test_a_bad_vcenter_address_is_a_clear_error_before_registration(server, complaint):
     monitors: list[RecordingMonitor] = []
@@ -166,8 +169,10 @@ def test_template_uuid_feeds_every_clone_through_its_clone_source(offline_run, l
         source = offline_run.by_name(f"{vm.name}-clone-source")
         assert template.urn in source.property_dependencies["template"]
         assert source.plain_inputs == {
-            "node": vm.name, "identity": instance_id(lab_config, nodes[vm.name]),
-            "template": source.plain_inputs["template"], "guestId": "debian12_64Guest",
+            "node": vm.name,
+            "identity": instance_id(lab_config, nodes[vm.name]),
+            "template": source.plain_inputs["template"],
+            "guestId": "debian12_64Guest",
         }
         assert source.plain_inputs["template"].startswith("4201")
         assert vm.property_dependencies["clone"] == [source.urn]
@@ -226,8 +231,12 @@ def test_clones_leave_what_vcenter_normalizes_alone_and_never_reboot_for_guestin
 def test_host_time_sync_is_fully_off(offline_run):
     """VMware KB 1189: periodic sync off is not enough; the one-off syncs need their own keys."""
     keys = {
-        "time.synchronize.continue", "time.synchronize.restore", "time.synchronize.resume.disk",
-        "time.synchronize.resume.host", "time.synchronize.shrink", "time.synchronize.tools.startup",
+        "time.synchronize.continue",
+        "time.synchronize.restore",
+        "time.synchronize.resume.disk",
+        "time.synchronize.resume.host",
+        "time.synchronize.shrink",
+        "time.synchronize.tools.startup",
         "time.synchronize.tools.enable",
     }
     for vm in offline_run.of_type(VM):
@@ -307,18 +316,28 @@ def test_adding_a_worker_leaves_the_others_untouched(offline_run, run_with, lab_
     }
     assert changed == {"verify-cluster", "workers-anti-affinity"}
     # What the engine leaves out of the diff does change: clone.timeout follows the node count.
-    assert grown.by_name("labs-k8s-w01").plain_inputs["clone"]["timeout"] \
+    assert (
+        grown.by_name("labs-k8s-w01").plain_inputs["clone"]["timeout"]
         != offline_run.by_name("labs-k8s-w01").plain_inputs["clone"]["timeout"]
+    )
     # The teardown guard only gains a dependency (on the new leave guard): its inputs are the same.
     guard = offline_run.by_name("teardown-guard")
     assert guard.plain_inputs["triggers"] == grown.by_name("teardown-guard").plain_inputs["triggers"] == []
     new = {r.name for r in grown.registrations.values()} - {r.name for r in offline_run.registrations.values()}
     assert new == {
-        "labs-k8s-w03", "labs-k8s-w03-ready", "labs-k8s-w03-prepare", "labs-k8s-w03-refresh-join-material",
-        "labs-k8s-w03-kubeadm-join", "labs-k8s-w03-leave-cluster", "labs-k8s-w03-clone-source",
-        "labs-k8s-w03-node-settings", "labs-k8s-w03-node-key",
+        "labs-k8s-w03",
+        "labs-k8s-w03-ready",
+        "labs-k8s-w03-prepare",
+        "labs-k8s-w03-refresh-join-material",
+        "labs-k8s-w03-kubeadm-join",
+        "labs-k8s-w03-leave-cluster",
+        "labs-k8s-w03-clone-source",
+        "labs-k8s-w03-node-settings",
+        "labs-k8s-w03-node-key",
         # Its upgrade steps (no-ops: it is prepared at the configured version).
-        "labs-k8s-w03-upgrade-drain", "labs-k8s-w03-upgrade", "labs-k8s-w03-upgrade-uncordon",
+        "labs-k8s-w03-upgrade-drain",
+        "labs-k8s-w03-upgrade",
+        "labs-k8s-w03-upgrade-uncordon",
     }
 
 
@@ -478,9 +497,15 @@ def test_init_depends_on_balancers_and_m01_preparation(offline_run):
 
 
 def test_control_plane_joins_are_serialized_and_the_first_control_plane_joins_too(offline_run):
-    chain = ["labs-k8s-m01-kubeadm-init", "labs-k8s-m01-refresh-join-material", "labs-k8s-m01-kubeadm-join",
-             "labs-k8s-m02-refresh-join-material", "labs-k8s-m02-kubeadm-join",
-             "labs-k8s-m03-refresh-join-material", "labs-k8s-m03-kubeadm-join"]
+    chain = [
+        "labs-k8s-m01-kubeadm-init",
+        "labs-k8s-m01-refresh-join-material",
+        "labs-k8s-m01-kubeadm-join",
+        "labs-k8s-m02-refresh-join-material",
+        "labs-k8s-m02-kubeadm-join",
+        "labs-k8s-m03-refresh-join-material",
+        "labs-k8s-m03-kubeadm-join",
+    ]
     for earlier, later in itertools.pairwise(chain):
         assert offline_run.depends_on(later, earlier), (later, earlier)
     assert not offline_run.depends_on("labs-k8s-m02-kubeadm-join", "labs-k8s-m03-kubeadm-join")
@@ -517,8 +542,14 @@ def test_no_single_management_node(offline_run):
         assert endpoint_of(offline_run.by_name(name)) == CLUSTER_ENDPOINT, name
     on_m01 = {r.name for r in offline_run.of_type(COMMAND) if host_of(r) == NODES["labs-k8s-m01"]}
     # The upgrade of m01 itself is m01's, as every node's own upgrade is its own.
-    assert on_m01 == {"labs-k8s-m01-ready", "labs-k8s-m01-node-settings", "labs-k8s-m01-prepare",
-                      "labs-k8s-m01-kubeadm-init", "labs-k8s-m01-kubeadm-join", "labs-k8s-m01-upgrade"}
+    assert on_m01 == {
+        "labs-k8s-m01-ready",
+        "labs-k8s-m01-node-settings",
+        "labs-k8s-m01-prepare",
+        "labs-k8s-m01-kubeadm-init",
+        "labs-k8s-m01-kubeadm-join",
+        "labs-k8s-m01-upgrade",
+    }
 
 
 def test_flannel_and_verify(offline_run):
@@ -620,9 +651,12 @@ def test_the_api_timeout_needed_is_that_of_the_vms_this_run_creates(offline_run,
     first `up`'s 60. Shorter than the largest disk alone is refused; shorter than all the new disks
     together (an estimate: the engine's parallelism decides) is a warning with the value to set."""
     previous = offline_run.previous_state()
-    grown = {"labs-k8s:nodes": offline_run.config["labs-k8s:nodes"].replace(
-        '{"name": "labs-k8s-w02", "ip": "10.3.60.55"}',
-        '{"name": "labs-k8s-w02", "ip": "10.3.60.55"}, {"name": "labs-k8s-w03", "ip": "10.3.60.57"}')}
+    grown = {
+        "labs-k8s:nodes": offline_run.config["labs-k8s:nodes"].replace(
+            '{"name": "labs-k8s-w02", "ip": "10.3.60.55"}',
+            '{"name": "labs-k8s-w02", "ip": "10.3.60.55"}, {"name": "labs-k8s-w03", "ip": "10.3.60.57"}',
+        )
+    }
     assert "labs-k8s-w03" in grown["labs-k8s:nodes"]
     warnings: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(str(message)))
@@ -633,8 +667,12 @@ def test_the_api_timeout_needed_is_that_of_the_vms_this_run_creates(offline_run,
         run_program("labs", overrides={**grown, "vsphere:apiTimeout": "22"}, previous=previous)
     # The same eight nodes in a new stack: 210 GiB at once.
     run_program("labs", overrides={**grown, "vsphere:apiTimeout": "60"})
-    assert [w for w in warnings if "vsphere:apiTimeout: 60 minutes is too short for the clones' 210 GiB" in w
-            and "pulumi config set --stack labs vsphere:apiTimeout 77" in w]
+    assert [
+        w
+        for w in warnings
+        if "vsphere:apiTimeout: 60 minutes is too short for the clones' 210 GiB" in w
+        and "pulumi config set --stack labs vsphere:apiTimeout 77" in w
+    ]
 
 
 def test_the_clone_timeout_follows_the_template_disk(offline_run):

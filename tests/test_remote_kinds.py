@@ -22,8 +22,7 @@ def test_each_kind_takes_a_handful_of_arguments(kind: str) -> None:
 
 
 def test_the_public_kinds_are_the_only_constructors() -> None:
-    public = {name for name, value in vars(remote.RemoteSteps).items()
-              if callable(value) and not name.startswith("_")}
+    public = {name for name, value in vars(remote.RemoteSteps).items() if callable(value) and not name.startswith("_")}
     assert public == set(KINDS)
     assert not hasattr(remote, "run_step"), "the 22-argument run_step is gone"
 
@@ -50,4 +49,7 @@ def test_the_check_sees_a_step_registered_around_the_kinds(tmp_path: Path) -> No
     sneaky = tmp_path / "layer.py"
     sneaky.write_text("steps.command('x', opts=None)\nself._steps._register(spec)\n")
     assert [c for c in _calls(sneaky) if c.endswith(("steps.command", "_register"))] == [
-        "steps.command", "self._steps._register", "self._steps._register"]
+        "steps.command",
+        "self._steps._register",
+        "self._steps._register",
+    ]

@@ -14,8 +14,15 @@ from components.tools.artifacts import PLACEHOLDERS
 from components.tools.offline import PLACEHOLDER_PRIVATE_KEY, PLACEHOLDER_SECRET, REPO_ROOT
 from components.tools.render import graph_depth, mermaid_graph, plan_document
 
-HOSTS = ["labs-k8s-lb01", "labs-k8s-lb02", "labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03", "labs-k8s-w01",
-         "labs-k8s-w02"]
+HOSTS = [
+    "labs-k8s-lb01",
+    "labs-k8s-lb02",
+    "labs-k8s-m01",
+    "labs-k8s-m02",
+    "labs-k8s-m03",
+    "labs-k8s-w01",
+    "labs-k8s-w02",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +33,12 @@ def rendered(tmp_path_factory) -> Path:
     env.update(http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9", no_proxy="")
     result = subprocess.run(
         [sys.executable, "-m", "components", "render", "--stack", "labs", "--out", str(out)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert "rendered" in result.stdout
@@ -103,7 +115,11 @@ def test_render_reports_a_bad_config_without_a_traceback(tmp_path):
     try:
         result = subprocess.run(
             [sys.executable, "-m", "components", "render", "--stack", "broken-test", "--out", str(tmp_path)],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
     finally:
         stack.unlink()

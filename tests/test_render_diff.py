@@ -56,8 +56,15 @@ class Outcome:
 
     def assert_no_secret_in_clear(self) -> None:
         text = self.stdout + self.stderr + json.dumps(self.report)
-        for leaked in (OLD_PASSWORD_CIPHERTEXT, NEW_PASSWORD_CIPHERTEXT, KEY_CIPHERTEXT, NEW_KEY_CIPHERTEXT,
-                       "PRIVATE KEY-----", "[placeholder", "[secret:"):
+        for leaked in (
+            OLD_PASSWORD_CIPHERTEXT,
+            NEW_PASSWORD_CIPHERTEXT,
+            KEY_CIPHERTEXT,
+            NEW_KEY_CIPHERTEXT,
+            "PRIVATE KEY-----",
+            "[placeholder",
+            "[secret:",
+        ):
             assert leaked not in text
         for what, value in SECRET_PLACEHOLDERS.items():
             # As a value of its own: the certificate key's zeros also occur in the public CA hash.
@@ -71,8 +78,9 @@ class ProjectRepo:
         self.root = root
 
     def git(self, *args: str) -> str:
-        return subprocess.run(["git", "-C", str(self.root), *args], capture_output=True, text=True, check=True,
-                              env=_git_env()).stdout
+        return subprocess.run(
+            ["git", "-C", str(self.root), *args], capture_output=True, text=True, check=True, env=_git_env()
+        ).stdout
 
     def edit(self, relative: str, change: Callable[[str], str]) -> None:
         path = self.root / relative
@@ -93,18 +101,40 @@ class ProjectRepo:
         # No route to the network: nothing in diff or render may reach for it.
         env.update(http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9", no_proxy="", **_git_env())
         proc = subprocess.run(
-            [sys.executable, "-m", "components", "diff", "--stack", "labs", "--against", against,
-             "--json", str(report), *extra],
-            cwd=self.root, env=env, capture_output=True, text=True, timeout=600, check=False,
+            [
+                sys.executable,
+                "-m",
+                "components",
+                "diff",
+                "--stack",
+                "labs",
+                "--against",
+                against,
+                "--json",
+                str(report),
+                *extra,
+            ],
+            cwd=self.root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
         )
-        return Outcome(proc.returncode, proc.stdout, proc.stderr,
-                       json.loads(report.read_text()) if report.exists() else {})
+        return Outcome(
+            proc.returncode, proc.stdout, proc.stderr, json.loads(report.read_text()) if report.exists() else {}
+        )
 
 
 def _git_env() -> dict[str, str]:
-    return {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "test",
-            "GIT_AUTHOR_EMAIL": "test@example.invalid", "GIT_COMMITTER_NAME": "test",
-            "GIT_COMMITTER_EMAIL": "test@example.invalid"}
+    return {
+        **os.environ,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "test",
+        "GIT_AUTHOR_EMAIL": "test@example.invalid",
+        "GIT_COMMITTER_NAME": "test",
+        "GIT_COMMITTER_EMAIL": "test@example.invalid",
+    }
 
 
 def _with_encrypted_secrets(stack_file: str, password_ciphertext: str) -> str:
@@ -121,8 +151,12 @@ def _with_encrypted_secrets(stack_file: str, password_ciphertext: str) -> str:
 def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[ProjectRepo, str]:
     """A copy of this project's tracked (and new, unignored) files, committed once: the base."""
     root = tmp_path_factory.mktemp("diff") / "labs-k8s"
-    listed = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for relative in filter(None, set(listed.split("\0"))):
         source = REPO_ROOT / relative
         if source.is_file():
@@ -146,15 +180,20 @@ def scenario(project: tuple[ProjectRepo, str], name: str, *changes: tuple[str, C
 
 @pytest.fixture(scope="module")
 def haproxy_timeout(project: tuple[ProjectRepo, str]) -> Outcome:
-    return scenario(project, "haproxy-timeout", (
-        "cloudinit/lb/haproxy.cfg.j2", lambda t: re.sub(r"timeout client-fin \d+s", "timeout client-fin 45s", t)))
+    return scenario(
+        project,
+        "haproxy-timeout",
+        ("cloudinit/lb/haproxy.cfg.j2", lambda t: re.sub(r"timeout client-fin \d+s", "timeout client-fin 45s", t)),
+    )
 
 
 def test_a_haproxy_timeout_change_shows_on_both_balancers_and_nowhere_else(haproxy_timeout):
     outcome = haproxy_timeout
     assert outcome.returncode == 0, outcome.stderr
-    assert outcome.files() == {("labs-k8s-lb01", "steps/lb-setup/haproxy.cfg", "modified"),
-                               ("labs-k8s-lb02", "steps/lb-setup/haproxy.cfg", "modified")}
+    assert outcome.files() == {
+        ("labs-k8s-lb01", "steps/lb-setup/haproxy.cfg", "modified"),
+        ("labs-k8s-lb02", "steps/lb-setup/haproxy.cfg", "modified"),
+    }
     diff = outcome.file_diff("labs-k8s-lb01", "steps/lb-setup/haproxy.cfg")
     assert diff.startswith("--- a/labs-k8s-lb01/steps/lb-setup/haproxy.cfg\n+++ b/labs-k8s-lb01/steps/lb-setup/")
     changed = [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
@@ -181,32 +220,42 @@ def test_a_haproxy_timeout_change_shows_on_both_balancers_and_nowhere_else(hapro
 
 def test_an_added_worker_adds_its_machine_and_its_leave_guard(project):
     def add_worker(text: str) -> str:
-        return text.replace("        - {name: labs-k8s-w02, ip: 10.3.60.55}\n",
-                            f"        - {{name: labs-k8s-w02, ip: 10.3.60.55}}\n"
-                            f"        - {{name: {NEW_WORKER}, ip: 10.3.60.57}}\n")
+        return text.replace(
+            "        - {name: labs-k8s-w02, ip: 10.3.60.55}\n",
+            f"        - {{name: labs-k8s-w02, ip: 10.3.60.55}}\n        - {{name: {NEW_WORKER}, ip: 10.3.60.57}}\n",
+        )
 
     outcome = scenario(project, "worker-added", ("Pulumi.labs.yaml", add_worker))
     assert outcome.returncode == 0, outcome.stderr
     files = outcome.files()
     added = {(host, path) for host, path, status in files if status == "added"}
-    assert {(NEW_WORKER, "cloud-init/user-data.yaml"), (NEW_WORKER, "steps/kubeadm-join/kubeadm-join.yaml"),
-            (NEW_WORKER, "steps/prepare/prepare-node.sh"),
-            ("cluster-endpoint", f"steps/{NEW_WORKER}-leave-cluster/leave-cluster.sh")} <= added
+    assert {
+        (NEW_WORKER, "cloud-init/user-data.yaml"),
+        (NEW_WORKER, "steps/kubeadm-join/kubeadm-join.yaml"),
+        (NEW_WORKER, "steps/prepare/prepare-node.sh"),
+        ("cluster-endpoint", f"steps/{NEW_WORKER}-leave-cluster/leave-cluster.sh"),
+    } <= added
     # Every file of the new machine is new; no other machine loses a file.
     assert {status for host, _, status in files if host == NEW_WORKER} == {"added"}
     assert not [f for f in files if f[2] == "removed"]
     meta = outcome.file_diff(NEW_WORKER, "cloud-init/meta-data.yaml")
     assert meta.startswith(f"--- /dev/null\n+++ b/{NEW_WORKER}/cloud-init/meta-data.yaml\n")
     assert f"+local-hostname: {NEW_WORKER}" in meta
-    assert "10.3.60.57/24" in "".join(outcome.file_diff(NEW_WORKER, path) for _, path, _ in
-                                      [f for f in files if f[0] == NEW_WORKER])
+    assert "10.3.60.57/24" in "".join(
+        outcome.file_diff(NEW_WORKER, path) for _, path, _ in [f for f in files if f[0] == NEW_WORKER]
+    )
     # The join config carries the bootstrap token: it is shown as [secret], never as its value.
     join = outcome.file_diff(NEW_WORKER, "steps/kubeadm-join/kubeadm-join.yaml")
     assert '+    token: "[secret]"' in join
     # Resources: the machine and its steps are created, the workers' DRS rule takes it in.
     created = outcome.resources("create")
-    assert {NEW_WORKER, f"{NEW_WORKER}-ready", f"{NEW_WORKER}-prepare", f"{NEW_WORKER}-kubeadm-join",
-            f"{NEW_WORKER}-leave-cluster"} <= set(created)
+    assert {
+        NEW_WORKER,
+        f"{NEW_WORKER}-ready",
+        f"{NEW_WORKER}-prepare",
+        f"{NEW_WORKER}-kubeadm-join",
+        f"{NEW_WORKER}-leave-cluster",
+    } <= set(created)
     assert created[NEW_WORKER]["type"] == "vsphere:index/virtualMachine:VirtualMachine"
     assert all(name.startswith(NEW_WORKER) for name in created)
     rule = outcome.resources()["workers-anti-affinity"]  # how it changes is components.tools.changes' call
@@ -216,8 +265,9 @@ def test_an_added_worker_adds_its_machine_and_its_leave_guard(project):
 
 
 def test_a_rotated_ssh_key_updates_every_remote_step_and_is_never_shown(project):
-    outcome = scenario(project, "secret-rotated", (
-        "Pulumi.labs.yaml", lambda t: t.replace(KEY_CIPHERTEXT, NEW_KEY_CIPHERTEXT)))
+    outcome = scenario(
+        project, "secret-rotated", ("Pulumi.labs.yaml", lambda t: t.replace(KEY_CIPHERTEXT, NEW_KEY_CIPHERTEXT))
+    )
     assert outcome.returncode == 0, outcome.stderr
     # No machine is given a different file: the key is how the steps log in, not what they install.
     assert outcome.files() == set()
@@ -227,7 +277,10 @@ def test_a_rotated_ssh_key_updates_every_remote_step_and_is_never_shown(project)
     assert len(changed) >= 29 and {r["type"] for r in changed.values()} == {"command:remote:Command"}
     for name, change in changed.items():
         assert (change["action"], change["inputs"], change["secret_inputs"]) == (
-            "update", ["connection"], ["connection"]), name
+            "update",
+            ["connection"],
+            ["connection"],
+        ), name
     assert f"{len(changed)} to update" in outcome.stdout
     assert "connection [secret]" in outcome.stdout
     outcome.assert_no_secret_in_clear()
@@ -253,8 +306,9 @@ def test_nothing_changed_prints_one_line_and_exits_0(project):
 
 
 def test_a_head_that_does_not_render_is_reported_with_exit_2(project):
-    outcome = scenario(project, "bad-vip", (
-        "Pulumi.labs.yaml", lambda t: t.replace("vip: 10.3.60.100", "vip: 10.3.60.51")))
+    outcome = scenario(
+        project, "bad-vip", ("Pulumi.labs.yaml", lambda t: t.replace("vip: 10.3.60.100", "vip: 10.3.60.51"))
+    )
     assert outcome.returncode == 2
     assert "the head (working tree" in outcome.stderr and "does not render" in outcome.stderr
     assert "labs-k8s:loadBalancer.vip" in outcome.stderr
@@ -309,8 +363,10 @@ def test_the_documented_example_comment_is_what_a_real_run_posts(haproxy_timeout
     if os.environ.get("LABS_K8S_WRITE_DOCS") == "1":
         doc.write_text(before + EXAMPLE_BEGIN + comment + EXAMPLE_END + after)
         committed = comment
-    assert committed == comment, ("docs/pull-requests.md's example comment is stale: "
-                                  "LABS_K8S_WRITE_DOCS=1 pytest tests/test_render_diff.py -k example")
+    assert committed == comment, (
+        "docs/pull-requests.md's example comment is stale: "
+        "LABS_K8S_WRITE_DOCS=1 pytest tests/test_render_diff.py -k example"
+    )
 
 
 def test_run_documents_compare_secrets_without_holding_them():
@@ -318,8 +374,9 @@ def test_run_documents_compare_secrets_without_holding_them():
 
     # The SSH private key reaches every remote step's `connection` (the vCenter password reaches no
     # resource: the template's provider reads it from the stack config at each call).
-    old, new = (PLACEHOLDER_PRIVATE_KEY.replace("sshPrivateKey", f"sshPrivateKey {tag}")
-                for tag in ("OLD-KEY", "NEW-KEY"))
+    old, new = (
+        PLACEHOLDER_PRIVATE_KEY.replace("sshPrivateKey", f"sshPrivateKey {tag}") for tag in ("OLD-KEY", "NEW-KEY")
+    )
     key = b"k" * 32
     before = run_from_document(run_document(run_program("labs", overrides={"labs-k8s:sshPrivateKey": old}), key))
     after = run_from_document(run_document(run_program("labs", overrides={"labs-k8s:sshPrivateKey": new}), key))
@@ -336,8 +393,10 @@ def test_run_documents_compare_secrets_without_holding_them():
     assert "triggers" in before.by_name("labs-k8s-w01-leave-cluster").replace_on_changes
     other_key = run_document(run_program("labs", overrides={"labs-k8s:sshPrivateKey": old}), b"x" * 32)
     assert "OLD-KEY" not in json.dumps(other_key)
-    assert run_from_document(other_key).by_name("labs-k8s-w01-ready").plain_inputs["connection"] != \
-        ready_before.plain_inputs["connection"]
+    assert (
+        run_from_document(other_key).by_name("labs-k8s-w01-ready").plain_inputs["connection"]
+        != ready_before.plain_inputs["connection"]
+    )
 
 
 def test_an_encrypted_value_renders_as_a_placeholder_named_after_its_ciphertext():
@@ -361,7 +420,8 @@ def test_a_recorded_run_plans_as_the_live_run_does(case, offline_run):
     key = secrets.token_bytes(32)
     before, after = case_runs(case, "labs", offline_run)
     live = plan_changes(before, after)
-    recorded = plan_changes(*(run_from_document(json.loads(json.dumps(run_document(run, key))))
-                              for run in (before, after)))
+    recorded = plan_changes(
+        *(run_from_document(json.loads(json.dumps(run_document(run, key)))) for run in (before, after))
+    )
     assert recorded.effects == live.effects
     assert recorded.steps == live.steps

@@ -49,8 +49,9 @@ def _tools(tmp_path: Path, with_rpctool: bool = True) -> Path:
     return bin_dir
 
 
-def _run_bundle(tmp_path: Path, bundle: str, node_key: str | None, *, with_rpctool: bool = True,
-                args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def _run_bundle(
+    tmp_path: Path, bundle: str, node_key: str | None, *, with_rpctool: bool = True, args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     steps = tmp_path / "steps"
     env = {
         "PATH": str(_tools(tmp_path, with_rpctool)),
@@ -58,8 +59,14 @@ def _run_bundle(tmp_path: Path, bundle: str, node_key: str | None, *, with_rpcto
         "RPC_NODE_KEY": node_key or "",
         "LABS_K8S_ROOT": str(tmp_path / "root"),
     }
-    return subprocess.run(["bash", "-s", "--", *args], input=bundle.replace(STEP_ROOT, str(steps)), env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", "-s", "--", *args],
+        input=bundle.replace(STEP_ROOT, str(steps)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _everything_written(tmp_path: Path) -> str:
@@ -146,15 +153,17 @@ def test_a_proving_front_ends_the_answer_with_a_proof_the_program_accepts(offlin
     key = _key(offline_run, "labs-k8s-m01")
     inner = step_bundle("probe", {"run.sh": 'printf "sha256:abc\\n\\n"\n'}, "run.sh")
     inner = inner.replace(STEP_ROOT, str(tmp_path / "steps"))
-    bundle = sealed.seal("probe", inner, {"labs-k8s-m01": key, "labs-k8s-m02": _key(offline_run, "labs-k8s-m02")},
-                         prove=True)
+    bundle = sealed.seal(
+        "probe", inner, {"labs-k8s-m01": key, "labs-k8s-m02": _key(offline_run, "labs-k8s-m02")}, prove=True
+    )
     result = _run_bundle(tmp_path, bundle, key)
     assert result.returncode == 0, result.stderr
     stdout = result.stdout.removesuffix("\n")  # pulumi-command: strings.TrimSuffix(stdout, "\n")
     assert sealed.verified_answer("probe", bundle, _key(offline_run, "labs-k8s-m02"), stdout) == "sha256:abc"
     # A script that fails gets no proof: the step fails on its exit code, nothing is proven.
     failing = step_bundle("probe2", {"run.sh": "echo half; exit 4\n"}, "run.sh").replace(
-        STEP_ROOT, str(tmp_path / "steps"))
+        STEP_ROOT, str(tmp_path / "steps")
+    )
     result = _run_bundle(tmp_path, sealed.seal("probe2", failing, {"labs-k8s-m01": key}, prove=True), key)
     assert result.returncode == 4 and sealed.PROOF_PREFIX not in result.stdout
 
@@ -165,15 +174,46 @@ def test_openssl_on_the_node_and_the_program_agree_on_the_format(tmp_path):
     ciphertext = sealed.encrypt("K" * 32, text.encode())
     (tmp_path / "pass").write_text("K" * 32 + "\n")
     out = subprocess.run(
-        ["openssl", "enc", "-d", "-aes-256-cbc", "-pbkdf2", "-iter", str(sealed.PBKDF2_ITERATIONS), "-md", "sha256",
-         "-a", "-A", "-pass", f"file:{tmp_path / 'pass'}"],
-        input=ciphertext, capture_output=True, text=True, check=True,
+        [
+            "openssl",
+            "enc",
+            "-d",
+            "-aes-256-cbc",
+            "-pbkdf2",
+            "-iter",
+            str(sealed.PBKDF2_ITERATIONS),
+            "-md",
+            "sha256",
+            "-a",
+            "-A",
+            "-pass",
+            f"file:{tmp_path / 'pass'}",
+        ],
+        input=ciphertext,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout == text
     theirs = subprocess.run(
-        ["openssl", "enc", "-aes-256-cbc", "-pbkdf2", "-iter", str(sealed.PBKDF2_ITERATIONS), "-md", "sha256",
-         "-a", "-A", "-pass", f"file:{tmp_path / 'pass'}"],
-        input=text, capture_output=True, text=True, check=True,
+        [
+            "openssl",
+            "enc",
+            "-aes-256-cbc",
+            "-pbkdf2",
+            "-iter",
+            str(sealed.PBKDF2_ITERATIONS),
+            "-md",
+            "sha256",
+            "-a",
+            "-A",
+            "-pass",
+            f"file:{tmp_path / 'pass'}",
+        ],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert sealed.decrypt("K" * 32, theirs.strip()).decode() == text
     # Deterministic: the same bundle seals to the same text (no change in `pulumi preview`).
@@ -204,10 +244,11 @@ def test_a_hung_script_is_stopped_on_the_node_at_its_deadline_with_what_it_start
     (bin_dir / "sudo").write_text('#!/bin/bash\n[[ $1 == -n ]] && shift\nexec "$@"\n')
     (bin_dir / "sudo").chmod(0o755)
     command = remote_steps.bounded_run("hang-probe", 2)
-    bundle = f'sleep 300 & echo $! > {tmp_path}/child\nsleep 300\necho never\n'
+    bundle = f"sleep 300 & echo $! > {tmp_path}/child\nsleep 300\necho never\n"
     started = time.monotonic()
-    result = subprocess.run(["bash", "-c", command], input=bundle, env={"PATH": str(bin_dir)},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", "-c", command], input=bundle, env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=60
+    )
     elapsed = time.monotonic() - started
     assert result.returncode in remote_steps.TIMED_OUT_CODES
     assert elapsed < 2 + remote_steps.KILL_AFTER_SECONDS + 5
@@ -228,6 +269,12 @@ def test_a_step_that_finishes_in_time_keeps_its_exit_code_and_output(tmp_path):
     (bin_dir / "sudo").write_text('#!/bin/bash\n[[ $1 == -n ]] && shift\nexec "$@"\n')
     (bin_dir / "sudo").chmod(0o755)
     command = remote_steps.bounded_run("quick", 30, ("set",))
-    result = subprocess.run(["bash", "-c", command], input='echo "ran $1"; exit 3\n', env={"PATH": str(bin_dir)},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", "-c", command],
+        input='echo "ran $1"; exit 3\n',
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (result.returncode, result.stdout, result.stderr) == (3, "ran set\n", "")

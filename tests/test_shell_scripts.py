@@ -18,8 +18,14 @@ TRACKED_SCRIPTS = subprocess.run(
 
 
 def shellcheck(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["shellcheck", "-x", "-s", "bash", str(path)], cwd=path.parent, capture_output=True,
-                          text=True, timeout=120, check=False)
+    return subprocess.run(
+        ["shellcheck", "-x", "-s", "bash", str(path)],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_there_are_scripts_to_check():
@@ -70,8 +76,9 @@ def run_wait(tmp_path: Path, cloud_init_body: str, hostname: str = "labs-k8s-w01
     script = tmp_path / "wait.sh"
     script.write_text(WAIT)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    return subprocess.run(["bash", str(script), timeout, "labs-k8s-w01"], env=env, capture_output=True,
-                          text=True, timeout=30, check=False)
+    return subprocess.run(
+        ["bash", str(script), timeout, "labs-k8s-w01"], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
 
 
 def test_readiness_passes_when_cloud_init_is_done(tmp_path):

@@ -59,6 +59,7 @@ def test_every_dynamic_resource_uses_a_pinned_provider(offline_run: OfflineRun) 
     """A new dynamic provider is a new state contract: pin it here too."""
     pinned = set(PINNED.values())
     for reg in offline_run.of_type("pulumi-python:dynamic:Resource"):
-        names = {pair for pair in pickled_globals(provider_pickle(offline_run, reg.name)) if pair[0].startswith(
-            "components")}
+        names = {
+            pair for pair in pickled_globals(provider_pickle(offline_run, reg.name)) if pair[0].startswith("components")
+        }
         assert names and names <= pinned, f"{reg.name}: {names}"

@@ -119,7 +119,8 @@ class Installer:
                         self.builds.append(machine.name)
                         self.pools.append(machine.resourcePool.name)
                         self.isos += [
-                            d.backing.fileName for d in machine.config.hardware.device
+                            d.backing.fileName
+                            for d in machine.config.hardware.device
                             if isinstance(d, vim.vm.device.VirtualCdrom)
                             and isinstance(d.backing, vim.vm.device.VirtualCdrom.IsoBackingInfo)
                         ]
@@ -144,8 +145,15 @@ def installer() -> Iterator[Callable[[Vcsim], Installer]]:
         one.stop()
 
 
-def program(sim: Vcsim, iso: Netinst, *, stack: str = "labs", vsphere: dict[str, Any] | None = None,
-            template: dict[str, Any] | None = None, password: str | None = None) -> OfflineRun:
+def program(
+    sim: Vcsim,
+    iso: Netinst,
+    *,
+    stack: str = "labs",
+    vsphere: dict[str, Any] | None = None,
+    template: dict[str, Any] | None = None,
+    password: str | None = None,
+) -> OfflineRun:
     """The real program, as stack `stack` made from Pulumi.labs.yaml, pointed at `sim`.
 
     Only what must differ from the committed stack is overridden: vCenter address and login, the
@@ -153,16 +161,21 @@ def program(sim: Vcsim, iso: Netinst, *, stack: str = "labs", vsphere: dict[str,
     in Pulumi.labs.yaml.
     """
     committed = namespace()
-    placement = {"datacenter": sim.datacenter, "computeCluster": sim.cluster, "datastore": sim.datastore,
-                 "network": sim.network, "folder": FOLDER, **(vsphere or {})}
+    placement = {
+        "datacenter": sim.datacenter,
+        "computeCluster": sim.cluster,
+        "datastore": sim.datastore,
+        "network": sim.network,
+        "folder": FOLDER,
+        **(vsphere or {}),
+    }
     overrides = {
         "vsphere:vsphereServer": sim.server,
         "vsphere:user": sim.user,
         "vsphere:password": password or sim.password,
         "vsphere:allowUnverifiedSsl": "true",
         "labs-k8s:vsphere": placement,
-        "labs-k8s:template": {**committed["template"], "isoUrl": iso.url, "isoSha256": iso.sha256,
-                              **(template or {})},
+        "labs-k8s:template": {**committed["template"], "isoUrl": iso.url, "isoSha256": iso.sha256, **(template or {})},
     }
     return run_program(stack, overrides=overrides, stack_file="labs")
 
@@ -192,8 +205,7 @@ def make_pool(si: vim.ServiceInstance, sim: Vcsim, name: str) -> vim.ResourcePoo
     allocation = vim.ResourceAllocationInfo(
         reservation=0, expandableReservation=True, limit=-1, shares=vim.SharesInfo(level="normal")
     )
-    return root.CreateResourcePool(name, vim.ResourceConfigSpec(cpuAllocation=allocation,
-                                                                  memoryAllocation=allocation))
+    return root.CreateResourcePool(name, vim.ResourceConfigSpec(cpuAllocation=allocation, memoryAllocation=allocation))
 
 
 # ---------------------------------------------------------------------------- lifecycle
@@ -370,7 +382,10 @@ def test_a_vm_with_our_name_that_is_not_ours_is_never_adopted_or_deleted(
         folder = vs.find_vm_folder(si, dc, FOLDER)
         extra = vs.stack_tag(owner) if owner else {}
         spec = vim.vm.ConfigSpec(
-            name=name, guestId="otherGuest64", numCPUs=1, memoryMB=64,
+            name=name,
+            guestId="otherGuest64",
+            numCPUs=1,
+            memoryMB=64,
             files=vim.vm.FileInfo(vmPathName=f"[{sim.datastore}]"),
             extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in extra.items()],
         )
@@ -441,8 +456,10 @@ def rotate_password(sim: Vcsim, new_password: str) -> Vcsim:
         vs.disconnect(connect(sim))  # the old password
     except vs.VSphereError:
         return rotated
-    raise AssertionError("vcsim still accepts the old password: its login no longer reads "
-                         "LABS_K8S_VCSIM_PASSWORD_FILE (tests/tools/vcsim/main.go)")
+    raise AssertionError(
+        "vcsim still accepts the old password: its login no longer reads "
+        "LABS_K8S_VCSIM_PASSWORD_FILE (tests/tools/vcsim/main.go)"
+    )
 
 
 def test_a_rotated_vcenter_password_is_no_change_and_one_up_hands_it_to_refresh_and_destroy(
@@ -504,8 +521,13 @@ def test_the_login_comes_from_the_environment_when_the_config_has_none(lab_vcsim
         no_login.up(registered, bare, [])
     assert "no vCenter login for the golden template: set vsphere:vsphereServer" in missing.value.details
     assert "VSPHERE_PASSWORD" in missing.value.details
-    login_env = {**host_env, "VSPHERE_SERVER": sim.server, "VSPHERE_USER": sim.user,
-                 "VSPHERE_PASSWORD": sim.password, "VSPHERE_ALLOW_UNVERIFIED_SSL": "true"}
+    login_env = {
+        **host_env,
+        "VSPHERE_SERVER": sim.server,
+        "VSPHERE_USER": sim.user,
+        "VSPHERE_PASSWORD": sim.password,
+        "VSPHERE_ALLOW_UNVERIFIED_SSL": "true",
+    }
     from_env = EngineResource(run.by_name(TEMPLATE).urn, environment=login_env)
     assert from_env.up(registered, bare, []).op == "create"
 
@@ -540,8 +562,14 @@ def test_provider_survives_the_dynamic_provider_host():
         "import base64, sys, dill; p = dill.loads(base64.b64decode(sys.stdin.read())); "
         "print(type(p).__module__, p.diff('id', {'name': 'a'}, {'name': 'b'}).replaces)"
     )
-    result = subprocess.run([sys.executable, "-c", code], input=first, cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        input=first,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["components.template", "['name']"]
-

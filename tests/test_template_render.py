@@ -215,8 +215,14 @@ def test_preseed_network_dhcp_and_static() -> None:
 # no router and get_nameservers when it has no DNS, all at critical priority: unanswered, each
 # stops the install at a prompt.
 NETCFG_EVERY_MODE = {
-    "choose_interface", "link_wait_timeout", "disable_autoconfig", "get_hostname", "hostname", "get_domain",
-    "get_nameservers", "wireless_wep",
+    "choose_interface",
+    "link_wait_timeout",
+    "disable_autoconfig",
+    "get_hostname",
+    "hostname",
+    "get_domain",
+    "get_nameservers",
+    "wireless_wep",
 }
 NETCFG_DHCP = {"dhcp_timeout", "no_default_route", "dhcp_failed", "dhcp_options"}
 NETCFG_STATIC = {"get_ipaddress", "get_netmask", "get_gateway", "confirm_static"}
@@ -233,8 +239,11 @@ DHCP_OPTIONS = {
 def test_preseed_answers_every_netcfg_question(mode: str) -> None:
     cfg = make_lab_config(network={"dnsServers": ["10.3.60.1", "10.3.60.2"]}, **(STATIC if mode == "static" else {}))
     answers = parse_preseed(render_preseed(cfg))
-    netcfg = {question.removeprefix("netcfg/"): answer for (owner, question), answer in answers.items()
-              if owner == "d-i" and question.startswith("netcfg/")}
+    netcfg = {
+        question.removeprefix("netcfg/"): answer
+        for (owner, question), answer in answers.items()
+        if owner == "d-i" and question.startswith("netcfg/")
+    }
     expected = NETCFG_EVERY_MODE | (NETCFG_STATIC if mode == "static" else NETCFG_DHCP)
     assert expected <= set(netcfg), f"unanswered: {sorted(expected - set(netcfg))}"
     # A lease without DNS must not stop the install: the lab's DNS servers, in both modes.

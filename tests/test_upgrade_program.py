@@ -27,19 +27,30 @@ from tests.test_config import problems
 
 
 @pytest.mark.parametrize("version", ["1.29.9", "1.38.0"])
-def test_a_version_outside_the_supported_window_is_refused_before_anything(lab_namespace: dict[str, Any],
-                                                                           version: str) -> None:
+def test_a_version_outside_the_supported_window_is_refused_before_anything(
+    lab_namespace: dict[str, Any], version: str
+) -> None:
     lab_namespace["kubernetes"]["version"] = version
     assert "not supported; use a release of minors 1.30-1.37" in problems(lab_namespace)["kubernetes.version"]
 
 
-@pytest.mark.parametrize(("workers", "at_once", "accepted"), [
-    (2, 1, True), (2, 2, False), (2, 0, False), (5, 4, True), (5, 5, False), (1, 1, True),
-])
-def test_workers_at_once_leaves_a_worker_for_the_workloads(lab_namespace: dict[str, Any], workers: int,
-                                                            at_once: int, accepted: bool) -> None:
-    lab_namespace["nodes"]["workers"]["hosts"] = [{"name": f"labs-k8s-w{i:02}", "ip": f"10.3.60.{60 + i}"}
-                                                  for i in range(1, workers + 1)]
+@pytest.mark.parametrize(
+    ("workers", "at_once", "accepted"),
+    [
+        (2, 1, True),
+        (2, 2, False),
+        (2, 0, False),
+        (5, 4, True),
+        (5, 5, False),
+        (1, 1, True),
+    ],
+)
+def test_workers_at_once_leaves_a_worker_for_the_workloads(
+    lab_namespace: dict[str, Any], workers: int, at_once: int, accepted: bool
+) -> None:
+    lab_namespace["nodes"]["workers"]["hosts"] = [
+        {"name": f"labs-k8s-w{i:02}", "ip": f"10.3.60.{60 + i}"} for i in range(1, workers + 1)
+    ]
     lab_namespace["kubernetes"]["upgrade"] = {"workersAtOnce": at_once}
     if workers == 1:  # a lone worker is refused unless asked for (test_config.py), whatever workersAtOnce says
         lab_namespace["kubernetes"]["allowSingleWorker"] = True
@@ -61,8 +72,14 @@ NAMES = ("labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03", "labs-k8s-w01", "labs-k
 
 def records(containerd: str | None = "2.2.1", **versions: str | None) -> VersionRecords:
     with_containerd = f", containerd {containerd}" if containerd else ""
-    stdouts = {f"{name}-upgrade": (f"{name} already at {versions.get(name[-3:], 'v1.35.2')}{with_containerd}"
-                                   if versions.get(name[-3:], "v1.35.2") else None) for name in NAMES}
+    stdouts = {
+        f"{name}-upgrade": (
+            f"{name} already at {versions.get(name[-3:], 'v1.35.2')}{with_containerd}"
+            if versions.get(name[-3:], "v1.35.2")
+            else None
+        )
+        for name in NAMES
+    }
     return records_from(True, list(NAMES), stdouts.get)
 
 
@@ -75,13 +92,21 @@ def test_the_upgrade_steps_stdout_is_the_record() -> None:
     assert recorded_containerd("labs-k8s-m01 already at v1.36.0") is None, "a record from before containerd was in it"
 
 
-@pytest.mark.parametrize(("version", "problem"), [
-    ("1.35.2", None), ("1.35.4", None), ("1.36.0", None),
-    ("1.35.0", "older than v1.35.2, which labs-k8s-m01 already runs"),
-    ("1.34.3", "downgrades are not supported"),
-    ("1.37.0", "1.37.0 skips a minor: the cluster runs v1.35.2 and kubeadm upgrades one minor at a time; "
-               "set a 1.36.x release"),
-])
+@pytest.mark.parametrize(
+    ("version", "problem"),
+    [
+        ("1.35.2", None),
+        ("1.35.4", None),
+        ("1.36.0", None),
+        ("1.35.0", "older than v1.35.2, which labs-k8s-m01 already runs"),
+        ("1.34.3", "downgrades are not supported"),
+        (
+            "1.37.0",
+            "1.37.0 skips a minor: the cluster runs v1.35.2 and kubeadm upgrades one minor at a time; "
+            "set a 1.36.x release",
+        ),
+    ],
+)
 def test_config_validation_refuses_what_the_records_rule_out(version: str, problem: str | None) -> None:
     found = version_problems(make_lab_config(kubernetes={"version": version}), records())
     if problem is None:
@@ -135,10 +160,17 @@ def bundle_params(reg: Any) -> str:
     assert match, reg.name
     return base64.b64decode("".join(match.group(1).split())).decode()
 
+
 CHAIN = [
-    "labs-k8s-m01-upgrade", "labs-k8s-m02-upgrade", "labs-k8s-m03-upgrade",
-    "labs-k8s-w01-upgrade-drain", "labs-k8s-w01-upgrade", "labs-k8s-w01-upgrade-uncordon",
-    "labs-k8s-w02-upgrade-drain", "labs-k8s-w02-upgrade", "labs-k8s-w02-upgrade-uncordon",
+    "labs-k8s-m01-upgrade",
+    "labs-k8s-m02-upgrade",
+    "labs-k8s-m03-upgrade",
+    "labs-k8s-w01-upgrade-drain",
+    "labs-k8s-w01-upgrade",
+    "labs-k8s-w01-upgrade-uncordon",
+    "labs-k8s-w02-upgrade-drain",
+    "labs-k8s-w02-upgrade",
+    "labs-k8s-w02-upgrade-uncordon",
 ]
 
 
@@ -203,8 +235,11 @@ def test_the_same_version_again_changes_no_input(runs: dict[str, OfflineRun]) ->
     """`pulumi up` with no change after an upgrade: not one resource has another input, so nothing runs."""
     upgraded, again = runs["upgraded"], runs["again"]
     assert {r.name for r in again.registrations.values()} == {r.name for r in upgraded.registrations.values()}
-    changed = [r.name for r in again.registrations.values()
-               if r.custom and r.plain_inputs != upgraded.by_name(r.name).plain_inputs]
+    changed = [
+        r.name
+        for r in again.registrations.values()
+        if r.custom and r.plain_inputs != upgraded.by_name(r.name).plain_inputs
+    ]
     assert changed == []
     # ... and the chain is no longer serialized: every node is recorded at 1.36.0.
     assert direct(again, "labs-k8s-w02-upgrade-drain") == {"labs-k8s-w02-kubeadm-join"}
@@ -214,7 +249,8 @@ def test_a_new_version_changes_the_chain_and_what_must_follow(runs: dict[str, Of
     plan = plan_changes(runs["created"], runs["upgraded"])
     replaced = [e.name for e in plan.effects if e.action == "replace"]
     assert [e for e in plan.effects if e.action != "replace"] == [] or all(
-        e.action == "delete" for e in plan.effects if e.action != "replace")
+        e.action == "delete" for e in plan.effects if e.action != "replace"
+    )
     # The chain, in the order the engine runs it.
     assert [name for name in replaced if name in CHAIN] == CHAIN
     # What carries the version in its files (prepare, init, refresh: they find their node done),
@@ -224,7 +260,8 @@ def test_a_new_version_changes_the_chain_and_what_must_follow(runs: dict[str, Of
         "labs-k8s-m01-kubeadm-init",
         *(f"labs-k8s-{n}-refresh-join-material" for n in ("m01", "m02", "m03", "w01", "w02")),
         *(f"labs-k8s-{n}-kubeadm-join" for n in ("m01", "m02", "m03", "w01", "w02")),
-        "verify-cluster", "kubeconfig",
+        "verify-cluster",
+        "kubeconfig",
     }  # not Flannel: init's re-run only orders it (order_after), and its manifest has no version
     assert plan.effect("labs-k8s-m01-upgrade").inputs == ("triggers", "stdin")  # type: ignore[union-attr]
 
@@ -237,8 +274,10 @@ def test_a_resumed_upgrade_keeps_the_chain_and_leaves_the_done_nodes_alone(runs:
             entry["outputs"]["stdout"] = "labs-k8s-m02 already at v1.35.2"
     resumed = run_program("labs", overrides=version("1.36.0"), previous=state)
     assert resumed.depends_on("labs-k8s-w01-upgrade-drain", "labs-k8s-m02-upgrade")
-    assert resumed.by_name("labs-k8s-m01-upgrade").plain_inputs == runs["upgraded"].by_name(
-        "labs-k8s-m01-upgrade").plain_inputs, "m01 is done: its step does not run again"
+    assert (
+        resumed.by_name("labs-k8s-m01-upgrade").plain_inputs
+        == runs["upgraded"].by_name("labs-k8s-m01-upgrade").plain_inputs
+    ), "m01 is done: its step does not run again"
 
 
 def containerd(value: str) -> dict[str, Any]:
@@ -253,8 +292,9 @@ def containerd_runs(runs: dict[str, OfflineRun]) -> dict[str, OfflineRun]:
     return {"rolled": rolled, "again": again}
 
 
-def test_a_containerd_change_alone_rolls_through_the_chain(runs: dict[str, OfflineRun],
-                                                           containerd_runs: dict[str, OfflineRun]) -> None:
+def test_a_containerd_change_alone_rolls_through_the_chain(
+    runs: dict[str, OfflineRun], containerd_runs: dict[str, OfflineRun]
+) -> None:
     """A new containerd pin re-runs every upgrade step, serialized as for a new Kubernetes version: one
     control plane at a time, the workers drained one lane at a time (prepare-node.sh leaves containerd
     alone on a joined node)."""
@@ -270,8 +310,11 @@ def test_a_containerd_change_alone_rolls_through_the_chain(runs: dict[str, Offli
 
 def test_the_same_containerd_again_changes_no_input(containerd_runs: dict[str, OfflineRun]) -> None:
     rolled, again = containerd_runs["rolled"], containerd_runs["again"]
-    changed = [r.name for r in again.registrations.values()
-               if r.custom and r.plain_inputs != rolled.by_name(r.name).plain_inputs]
+    changed = [
+        r.name
+        for r in again.registrations.values()
+        if r.custom and r.plain_inputs != rolled.by_name(r.name).plain_inputs
+    ]
     assert changed == []
     assert direct(again, "labs-k8s-w02-upgrade-drain") == {"labs-k8s-w02-kubeadm-join"}, "no longer serialized"
 
@@ -282,8 +325,9 @@ def test_workers_at_once_gives_lanes_in_the_graph() -> None:
     overrides = {"labs-k8s:nodes": nodes}
     created = run_program("labs", overrides={**overrides, **version("1.35.2")})
     kubernetes = {**version("1.36.0")["labs-k8s:kubernetes"], "upgrade": {"workersAtOnce": 2}}
-    run = run_program("labs", overrides={**overrides, "labs-k8s:kubernetes": kubernetes},
-                      previous=created.previous_state())
+    run = run_program(
+        "labs", overrides={**overrides, "labs-k8s:kubernetes": kubernetes}, previous=created.previous_state()
+    )
     assert direct(run, "labs-k8s-w01-upgrade-drain") >= {"labs-k8s-m03-upgrade"}
     assert direct(run, "labs-k8s-w02-upgrade-drain") >= {"labs-k8s-m03-upgrade"}
     assert direct(run, "labs-k8s-w03-upgrade-drain") >= {"labs-k8s-w01-upgrade-uncordon"}
@@ -294,8 +338,9 @@ def test_workers_at_once_gives_lanes_in_the_graph() -> None:
 def test_a_node_added_during_a_minor_upgrade_joins_after_the_control_planes(runs: dict[str, OfflineRun]) -> None:
     nodes = namespace()["nodes"]
     nodes["workers"]["hosts"].append({"name": "labs-k8s-w03", "ip": "10.3.60.57"})
-    run = run_program("labs", overrides={"labs-k8s:nodes": nodes, **version("1.36.0")},
-                      previous=runs["created"].previous_state())
+    run = run_program(
+        "labs", overrides={"labs-k8s:nodes": nodes, **version("1.36.0")}, previous=runs["created"].previous_state()
+    )
     assert "K8S_VERSION=1.36.0" in bundle_params(run.by_name("labs-k8s-w03-prepare"))
     assert run.depends_on("labs-k8s-w03-kubeadm-join", "labs-k8s-m03-upgrade")
 
@@ -306,17 +351,26 @@ def test_a_minor_the_pinned_containerd_cannot_run_is_refused_before_anything() -
     previous = run_program("labs", overrides={"labs-k8s:kubernetes": pinned}).previous_state()
     monitors: list[RecordingMonitor] = []
     with pytest.raises(pulumi.RunError) as caught:
-        run_program("labs", overrides={"labs-k8s:kubernetes": {**pinned, "version": "1.36.0"}}, previous=previous,
-                    monitor_sink=monitors)
-    assert ("labs-k8s:kubernetes.containerdVersion: containerd 1.7.28 is too old for Kubernetes 1.36.0 "
-            "(labs-k8s:kubernetes.version)") in str(caught.value)
+        run_program(
+            "labs",
+            overrides={"labs-k8s:kubernetes": {**pinned, "version": "1.36.0"}},
+            previous=previous,
+            monitor_sink=monitors,
+        )
+    assert (
+        "labs-k8s:kubernetes.containerdVersion: containerd 1.7.28 is too old for Kubernetes 1.36.0 "
+        "(labs-k8s:kubernetes.version)"
+    ) in str(caught.value)
     assert monitors[0].registrations == {}
 
 
-@pytest.mark.parametrize(("before", "after", "message"), [
-    ("1.36.0", "1.35.2", "1.35.2 is older than v1.36.0, which labs-k8s-m01 already runs"),
-    ("1.35.2", "1.37.0", "1.37.0 skips a minor: the cluster runs v1.35.2"),
-])
+@pytest.mark.parametrize(
+    ("before", "after", "message"),
+    [
+        ("1.36.0", "1.35.2", "1.35.2 is older than v1.36.0, which labs-k8s-m01 already runs"),
+        ("1.35.2", "1.37.0", "1.37.0 skips a minor: the cluster runs v1.35.2"),
+    ],
+)
 def test_a_bad_version_change_registers_nothing(before: str, after: str, message: str) -> None:
     previous = run_program("labs", overrides=version(before)).previous_state()
     monitors: list[RecordingMonitor] = []

@@ -77,9 +77,11 @@ def ok(run: ChainRun) -> ChainRun:
 
 
 def control_plane_events(node: str, mode: str, target: str, package: str) -> list[str]:
-    first = [f"{node}: kubeadm upgrade plan {target}",
-             f"{node}: etcdctl snapshot save /var/lib/etcd/labs-k8s-etcd-before-{target}.db",
-             f"{node}: kubeadm upgrade apply {target} --yes"]
+    first = [
+        f"{node}: kubeadm upgrade plan {target}",
+        f"{node}: etcdctl snapshot save /var/lib/etcd/labs-k8s-etcd-before-{target}.db",
+        f"{node}: kubeadm upgrade apply {target} --yes",
+    ]
     return [
         f"{node}: apt-get update",
         f"{node}: apt-get install kubeadm={package}",
@@ -155,7 +157,8 @@ def test_a_minor_upgrade_follows_kubeadms_procedure_node_by_node(cluster: FakeCl
 
     # The etcd snapshot, taken on m01 before `upgrade apply`, reported on stdout and kept on the root disk.
     assert run.stdout("labs-k8s-m01-upgrade") == (
-        f"labs-k8s-m01 upgraded to v1.36.0, containerd 2.2.1; etcd snapshot {SNAPSHOT}\n")
+        f"labs-k8s-m01 upgraded to v1.36.0, containerd 2.2.1; etcd snapshot {SNAPSHOT}\n"
+    )
     m01 = cluster.nodes["labs-k8s-m01"]
     snapshot = m01.root / SNAPSHOT.lstrip("/")
     assert snapshot.stat().st_size % 512 == 32 and oct(snapshot.stat().st_mode)[-3:] == "600"
@@ -179,8 +182,9 @@ def test_a_minor_upgrade_follows_kubeadms_procedure_node_by_node(cluster: FakeCl
     # No cluster-admin credentials on a worker: it reads with its own kubelet.conf and nothing else.
     for name in ("labs-k8s-w01", "labs-k8s-w02"):
         calls = cluster.nodes[name].calls("kubectl")
-        assert calls and all(c[1:3] == ["--kubeconfig", str(cluster.nodes[name].root / "etc/kubernetes/kubelet.conf")]
-                             for c in calls)
+        assert calls and all(
+            c[1:3] == ["--kubeconfig", str(cluster.nodes[name].root / "etc/kubernetes/kubelet.conf")] for c in calls
+        )
         assert not (cluster.nodes[name].root / "etc/kubernetes/admin.conf").exists()
 
     # The same version again: every step finds its node done and changes nothing.
@@ -190,7 +194,8 @@ def test_a_minor_upgrade_follows_kubeadms_procedure_node_by_node(cluster: FakeCl
     assert cluster.snapshot() == after
     assert events(cluster) == []
     assert {again.stdout(s) for s in again.results if s.endswith("-upgrade")} == {
-        f"{name} already at v1.36.0, containerd 2.2.1\n" for name in NODES}
+        f"{name} already at v1.36.0, containerd 2.2.1\n" for name in NODES
+    }
     for name in NODES:
         calls = cluster.nodes[name].calls()
         assert not [c for c in calls if c[0] in ("apt-get", "apt-mark") and c[1] != "showhold"], name
@@ -199,8 +204,10 @@ def test_a_minor_upgrade_follows_kubeadms_procedure_node_by_node(cluster: FakeCl
 
 def test_a_patch_upgrade_keeps_the_repository_and_still_drains(cluster: FakeCluster) -> None:
     def lists() -> dict[str, bytes]:
-        return {name: (node.root / "etc/apt/sources.list.d/kubernetes.list").read_bytes()
-                for name, node in cluster.nodes.items()}
+        return {
+            name: (node.root / "etc/apt/sources.list.d/kubernetes.list").read_bytes()
+            for name, node in cluster.nodes.items()
+        }
 
     before = lists()
     run = ok(run_chain(cluster, config("1.35.4")))
@@ -217,7 +224,8 @@ def test_a_patch_upgrade_keeps_the_repository_and_still_drains(cluster: FakeClus
     assert lists() == before
     snapshot = "/var/lib/labs-k8s/etcd-snapshots/etcd-before-v1.35.4.db"
     assert run.stdout("labs-k8s-m01-upgrade") == (
-        f"labs-k8s-m01 upgraded to v1.35.4, containerd 2.2.1; etcd snapshot {snapshot}\n")
+        f"labs-k8s-m01 upgraded to v1.35.4, containerd 2.2.1; etcd snapshot {snapshot}\n"
+    )
 
 
 def test_preparing_a_running_node_for_a_new_version_changes_nothing(cluster: FakeCluster) -> None:
@@ -274,21 +282,35 @@ def test_a_containerd_change_is_rolled_node_by_node_drained(cluster: FakeCluster
     run = ok(run_chain(cluster, cfg, prepare=True))
     for lab_node in cfg.kubernetes_nodes:
         assert "containerdVersion 2.1.5 comes with its upgrade step, drained" in run.stderr(
-            k8s.prepare_step_name(lab_node))
+            k8s.prepare_step_name(lab_node)
+        )
     package = "2.1.5-1~debian.12~bookworm"
 
     def control_plane(node: str) -> list[str]:
-        return [f"{node}: kubectl drain labs-k8s-{node}", f"{node}: apt-get install containerd.io={package}",
-                f"{node}: systemctl restart containerd", f"{node}: systemctl restart kubelet",
-                f"{node}: kubectl uncordon labs-k8s-{node}"]
+        return [
+            f"{node}: kubectl drain labs-k8s-{node}",
+            f"{node}: apt-get install containerd.io={package}",
+            f"{node}: systemctl restart containerd",
+            f"{node}: systemctl restart kubelet",
+            f"{node}: kubectl uncordon labs-k8s-{node}",
+        ]
 
     def worker(node: str) -> list[str]:
-        return [f"m01: kubectl drain labs-k8s-{node}", f"{node}: apt-get install containerd.io={package}",
-                f"{node}: systemctl restart containerd", f"{node}: systemctl restart kubelet",
-                f"m01: kubectl uncordon labs-k8s-{node}"]
+        return [
+            f"m01: kubectl drain labs-k8s-{node}",
+            f"{node}: apt-get install containerd.io={package}",
+            f"{node}: systemctl restart containerd",
+            f"{node}: systemctl restart kubelet",
+            f"m01: kubectl uncordon labs-k8s-{node}",
+        ]
 
-    assert runtime_events(cluster) == [*control_plane("m01"), *control_plane("m02"), *control_plane("m03"),
-                                       *worker("w01"), *worker("w02")], "no kubeadm upgrade, one node at a time"
+    assert runtime_events(cluster) == [
+        *control_plane("m01"),
+        *control_plane("m02"),
+        *control_plane("m03"),
+        *worker("w01"),
+        *worker("w02"),
+    ], "no kubeadm upgrade, one node at a time"
     assert most_cordoned_at_once(cluster) == 1
     for name in NODES:
         assert (cluster.nodes[name].state / "dpkg/containerd.io").read_text() == package, name
@@ -303,14 +325,16 @@ def test_a_containerd_change_is_rolled_node_by_node_drained(cluster: FakeCluster
     assert runtime_events(cluster) == []
     assert cluster.snapshot() == after
     assert {again.stdout(s) for s in again.results if s.endswith("-upgrade")} == {
-        f"{name} already at {OLD}, containerd 2.1.5\n" for name in NODES}
+        f"{name} already at {OLD}, containerd 2.1.5\n" for name in NODES
+    }
 
 
 def test_workers_at_once_makes_lanes() -> None:
     def lab(workers: int, at_once: int) -> LabConfig:
         def grow(raw: dict) -> None:
-            raw["nodes"]["workers"]["hosts"] = [{"name": f"labs-k8s-w{i:02}", "ip": f"10.3.60.{60 + i}"}
-                                                for i in range(1, workers + 1)]
+            raw["nodes"]["workers"]["hosts"] = [
+                {"name": f"labs-k8s-w{i:02}", "ip": f"10.3.60.{60 + i}"} for i in range(1, workers + 1)
+            ]
             raw["kubernetes"]["upgrade"] = {"workersAtOnce": at_once}
 
         return make_lab_config_with(grow)
@@ -324,8 +348,11 @@ def test_workers_at_once_makes_lanes() -> None:
     ]
     order = {s.node.name: s.after for s in k8s.upgrade_order(lab(5, 2)) if s.kind == "worker"}
     assert order == {
-        "labs-k8s-w01": ("labs-k8s-m03",), "labs-k8s-w02": ("labs-k8s-m03",),
-        "labs-k8s-w03": ("labs-k8s-w01",), "labs-k8s-w04": ("labs-k8s-w02",), "labs-k8s-w05": ("labs-k8s-w03",),
+        "labs-k8s-w01": ("labs-k8s-m03",),
+        "labs-k8s-w02": ("labs-k8s-m03",),
+        "labs-k8s-w03": ("labs-k8s-w01",),
+        "labs-k8s-w04": ("labs-k8s-w02",),
+        "labs-k8s-w05": ("labs-k8s-w03",),
     }
 
 
@@ -351,11 +378,17 @@ def test_the_runbooks_figures_are_the_benchs(cluster: FakeCluster) -> None:
     quoted = re.search(
         r"the upgrade is (\d+) serialized steps \(3 control planes, 3 per worker\) inside the (\d+) waves of "
         r"`pulumi up`; about (\d+) minutes of serialized work, of which each control plane is drained about "
-        r"([\d.]+) minutes and each worker about ([\d.]+) minutes, never two nodes at once", text)
+        r"([\d.]+) minutes and each worker about ([\d.]+) minutes, never two nodes at once",
+        text,
+    )
     assert quoted, "the runbook's figures sentence is gone"
     assert quoted.groups() == (
-        str(sum(len(names) for _, names in graph.chain)), str(graph.waves), f"{scripts.total_seconds / 60:.0f}",
-        control_planes.pop(), workers.pop()), "run `make bench` and copy its figures into docs/runbook.md"
+        str(sum(len(names) for _, names in graph.chain)),
+        str(graph.waves),
+        f"{scripts.total_seconds / 60:.0f}",
+        control_planes.pop(),
+        workers.pop(),
+    ), "run `make bench` and copy its figures into docs/runbook.md"
 
 
 def test_a_node_added_after_an_upgrade_installs_the_new_version_directly(cluster: FakeCluster) -> None:
@@ -376,8 +409,10 @@ def test_a_node_added_after_an_upgrade_installs_the_new_version_directly(cluster
     assert prepared.returncode == 0, prepared.stderr
     for package in K8S:
         assert (w03.state / "dpkg" / package).read_text().startswith("1.36.0-"), package
-    assert "https://pkgs.k8s.io/core:/stable:/v1.36/deb/ /" in (
-        w03.root / "etc/apt/sources.list.d/kubernetes.list").read_text()
+    assert (
+        "https://pkgs.k8s.io/core:/stable:/v1.36/deb/ /"
+        in (w03.root / "etc/apt/sources.list.d/kubernetes.list").read_text()
+    )
     installs = [c for c in w03.calls("apt-get") if "install" in c]
     assert not [c for c in installs if any(a.startswith(("kubeadm=1.35", "kubelet=1.35", "kubectl=1.35")) for a in c)]
 
@@ -412,8 +447,9 @@ def test_a_control_plane_that_fails_stops_the_chain_and_the_next_run_resumes_the
     m02.clear_state("kubeadm-fail-component")
     cluster.reset_log()
     ok(run_chain(cluster, cfg, start="labs-k8s-m02-upgrade"))
-    assert events(cluster)[:2] == ["m02: kubeadm upgrade node", "m02: kubectl drain labs-k8s-m02"], \
+    assert events(cluster)[:2] == ["m02: kubeadm upgrade node", "m02: kubectl drain labs-k8s-m02"], (
         "kubeadm is already at 1.36.0 on m02: no second install"
+    )
     assert_all_at(cluster, "v1.36.0")
 
 
@@ -627,24 +663,51 @@ def test_the_stand_ins_refuse_what_the_real_tools_refuse(cluster: FakeCluster) -
     """The procedure depends on these; a stand-in that accepted them would prove nothing."""
     m01 = cluster.nodes["labs-k8s-m01"]
     w01 = cluster.nodes["labs-k8s-w01"]
-    m01.install_step({"probe.sh": "#!/usr/bin/env bash\n\"$@\"\n"})
-    w01.install_step({"probe.sh": "#!/usr/bin/env bash\n\"$@\"\n"})
+    m01.install_step({"probe.sh": '#!/usr/bin/env bash\n"$@"\n'})
+    w01.install_step({"probe.sh": '#!/usr/bin/env bash\n"$@"\n'})
     admin = str(m01.root / "etc/kubernetes/admin.conf")
     cases = [
         # apt: a held package changes only with --allow-change-held-packages; the new minor needs an update.
         (m01, ["apt-get", "install", "-y", "kubeadm=1.35.1-1.1"], "Held packages were changed"),
-        (m01, ["apt-get", "install", "-y", "--allow-change-held-packages", "kubeadm=1.36.0-1.1"],
-         "Version '1.36.0-1.1' for 'kubeadm' was not found"),
+        (
+            m01,
+            ["apt-get", "install", "-y", "--allow-change-held-packages", "kubeadm=1.36.0-1.1"],
+            "Version '1.36.0-1.1' for 'kubeadm' was not found",
+        ),
         # kubeadm: one minor at a time, never above its own minor, never without --yes.
-        (m01, ["kubeadm", "upgrade", "apply", "v1.36.0", "--yes"],
-         "is at least one minor release higher than the kubeadm"),
+        (
+            m01,
+            ["kubeadm", "upgrade", "apply", "v1.36.0", "--yes"],
+            "is at least one minor release higher than the kubeadm",
+        ),
         (m01, ["kubeadm", "upgrade", "apply", "v1.35.2"], "won't proceed"),
         # kubectl with a node's credentials cannot drain; etcdctl takes one endpoint for a snapshot.
-        (w01, ["kubectl", "--kubeconfig", str(w01.root / "etc/kubernetes/kubelet.conf"), "drain", "labs-k8s-w01"],
-         "Forbidden"),
-        (m01, ["kubectl", "--kubeconfig", admin, "-n", "kube-system", "exec", "etcd-labs-k8s-m01", "-c", "etcd", "--",
-               "etcdctl", "--endpoints=https://10.3.60.51:2379,https://10.3.60.52:2379", "snapshot", "save",
-               "/var/lib/etcd/x.db"], "snapshot must be requested to one selected node"),
+        (
+            w01,
+            ["kubectl", "--kubeconfig", str(w01.root / "etc/kubernetes/kubelet.conf"), "drain", "labs-k8s-w01"],
+            "Forbidden",
+        ),
+        (
+            m01,
+            [
+                "kubectl",
+                "--kubeconfig",
+                admin,
+                "-n",
+                "kube-system",
+                "exec",
+                "etcd-labs-k8s-m01",
+                "-c",
+                "etcd",
+                "--",
+                "etcdctl",
+                "--endpoints=https://10.3.60.51:2379,https://10.3.60.52:2379",
+                "snapshot",
+                "save",
+                "/var/lib/etcd/x.db",
+            ],
+            "snapshot must be requested to one selected node",
+        ),
         (m01, ["kubectl", "--kubeconfig", admin, "annotate", "node", "labs-k8s-w01", "a=1"], ""),
         (m01, ["kubectl", "--kubeconfig", admin, "annotate", "node", "labs-k8s-w01", "a=2"], "--overwrite is false"),
     ]
@@ -654,8 +717,6 @@ def test_the_stand_ins_refuse_what_the_real_tools_refuse(cluster: FakeCluster) -
             assert result.returncode != 0 and message in result.stderr, (command, result.stderr)
         else:
             assert result.returncode == 0, result.stderr
-
-
 
 
 @pytest.mark.parametrize("command", ["kubeadm", "kubectl", "apt-get", "apt-cache", "apt-mark", "systemctl"])

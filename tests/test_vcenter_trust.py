@@ -47,27 +47,53 @@ def pki(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("pki")
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(_name("labs-k8s test VMCA")).issuer_name(_name("labs-k8s test VMCA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name("labs-k8s test VMCA"))
+        .issuer_name(_name("labs-k8s test VMCA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(_name("127.0.0.1")).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName("localhost")]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("127.0.0.1"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     paths = {"ca": out / "vcenter-ca.crt", "cert": out / "server.crt", "key": out / "server.key"}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+    paths["key"].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return paths
 
 
@@ -89,9 +115,15 @@ def preflight_inputs(sim, lab_config) -> StackInputs:
     from tests.test_preflight import lab_on, small_disks
 
     return StackInputs(
-        lab=lab_on(sim, small_disks(lab_config)), ssh_private_key="unused",  # type: ignore[arg-type]
-        vcenter=VcenterCredentials(server=sim.host, user=sim.user, password="unused",  # type: ignore[arg-type]
-                                   allow_unverified_ssl=False, plain_password=sim.password),
+        lab=lab_on(sim, small_disks(lab_config)),
+        ssh_private_key="unused",  # type: ignore[arg-type]
+        vcenter=VcenterCredentials(
+            server=sim.host,
+            user=sim.user,
+            password="unused",  # type: ignore[arg-type]
+            allow_unverified_ssl=False,
+            plain_password=sim.password,
+        ),
     )
 
 
@@ -112,8 +144,9 @@ def test_ssl_cert_file_is_trusted_by_pyvmomi(vcenter, lab_config, pki, monkeypat
 
 def provider_login_binary() -> Path:
     """tests/tools/vcenter_login built with the govmomi module tests/tools/go.mod pins, cached."""
-    found = subprocess.run(["bash", "-c", f"source {GO_MODULE / 'go_env.sh'} && go_binary"], capture_output=True,
-                           text=True, check=False)
+    found = subprocess.run(
+        ["bash", "-c", f"source {GO_MODULE / 'go_env.sh'} && go_binary"], capture_output=True, text=True, check=False
+    )
     if found.returncode != 0:
         unavailable(found.stderr.strip())
     go = found.stdout.strip()
@@ -122,8 +155,15 @@ def provider_login_binary() -> Path:
     if binary.is_file():
         return binary
     env = {**os.environ, "GOFLAGS": "-mod=readonly", "CGO_ENABLED": "0"}
-    built = subprocess.run([go, "build", "-trimpath", "-o", str(binary), "./vcenter_login"], cwd=GO_MODULE, env=env,
-                           capture_output=True, text=True, timeout=900, check=False)
+    built = subprocess.run(
+        [go, "build", "-trimpath", "-o", str(binary), "./vcenter_login"],
+        cwd=GO_MODULE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     if built.returncode != 0:
         unavailable(f"building tests/tools/vcenter_login failed: {built.stderr[-1500:]}")
     return binary
@@ -132,8 +172,9 @@ def provider_login_binary() -> Path:
 def go_login(binary: Path, sim, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     url = f"https://{sim.user}:{sim.password}@{sim.host}:{sim.port}/sdk"
     clean = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
-    return subprocess.run([str(binary), url], env={**clean, **env}, capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        [str(binary), url], env={**clean, **env}, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_the_providers_client_distrusts_it_too_and_trusts_ssl_cert_file(vcenter, pki):
@@ -178,13 +219,26 @@ def test_the_documented_system_store_is_trusted_by_both(vcenter, pki, tmp_path):
     before = hashlib.sha256(system_bundle.read_bytes()).hexdigest()
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")},
-        "WORK": str(tmp_path), "CA": str(pki["ca"]), "PYTHON": sys.executable, "PYVMOMI_LOGIN": PYVMOMI_LOGIN,
-        "GO_LOGIN": str(binary), "REPO": str(REPO_ROOT), "HOST": vcenter.host, "PORT": str(vcenter.port),
-        "USER_NAME": vcenter.user, "PASSWORD": vcenter.password,
+        "WORK": str(tmp_path),
+        "CA": str(pki["ca"]),
+        "PYTHON": sys.executable,
+        "PYVMOMI_LOGIN": PYVMOMI_LOGIN,
+        "GO_LOGIN": str(binary),
+        "REPO": str(REPO_ROOT),
+        "HOST": vcenter.host,
+        "PORT": str(vcenter.port),
+        "USER_NAME": vcenter.user,
+        "PASSWORD": vcenter.password,
         "URL": f"https://{vcenter.user}:{vcenter.password}@{vcenter.host}:{vcenter.port}/sdk",
     }
-    result = subprocess.run(["unshare", "--mount", "bash", "-c", SYSTEM_STORE_SCRIPT], env=env, capture_output=True,
-                            text=True, timeout=300, check=False)
+    result = subprocess.run(
+        ["unshare", "--mount", "bash", "-c", SYSTEM_STORE_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-2:] == ["pyvmomi logged in", "logged in"]
     # And the machine's own store was never changed.

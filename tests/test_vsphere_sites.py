@@ -31,17 +31,23 @@ def datastore(kind: str, top_level_dirs: bool = True, name: str = "ds1") -> Any:
         name=name,
         summary=SimpleNamespace(type=kind, accessible=True),
         capability=vim.Datastore.Capability(
-            directoryHierarchySupported=True, rawDiskMappingsSupported=False,
-            perFileThinProvisioningSupported=True, topLevelDirectoryCreateSupported=top_level_dirs,
+            directoryHierarchySupported=True,
+            rawDiskMappingsSupported=False,
+            perFileThinProvisioningSupported=True,
+            topLevelDirectoryCreateSupported=top_level_dirs,
         ),
     )
 
 
 def host_mounting(ds: Any, name: str, vstorage: str | None) -> tuple[Any, dict[str, Any]]:
     """A connected host that mounts ``ds``; ``vstorage`` is its HostFileSystemMountInfo.vStorageSupport."""
-    mounts = [] if vstorage is None else [
-        vim.host.FileSystemMountInfo(volume=vim.host.NasVolume(name=ds.name, type="NFS"), vStorageSupport=vstorage)
-    ]
+    mounts = (
+        []
+        if vstorage is None
+        else [
+            vim.host.FileSystemMountInfo(volume=vim.host.NasVolume(name=ds.name, type="NFS"), vStorageSupport=vstorage)
+        ]
+    )
     storage = SimpleNamespace(fileSystemVolumeInfo=vim.host.FileSystemVolumeInfo(mountInfo=mounts))
     host = SimpleNamespace(configManager=SimpleNamespace(storageSystem=storage))
     return host, {"name": name, "datastore": [ds]}
@@ -70,8 +76,11 @@ def test_a_datastore_without_top_level_directories_is_refused():
 
 def test_nfs_without_hardware_acceleration_is_refused_with_the_hosts_named():
     ds = datastore("NFS")
-    hosts = [host_mounting(ds, "esx1", "vStorageSupported"), host_mounting(ds, "esx2", "vStorageUnsupported"),
-             host_mounting(ds, "esx3", None)]
+    hosts = [
+        host_mounting(ds, "esx1", "vStorageSupported"),
+        host_mounting(ds, "esx2", "vStorageUnsupported"),
+        host_mounting(ds, "esx3", None),
+    ]
     (error,) = type_findings(ds, hosts).errors
     assert "esx2 (vStorageUnsupported)" in error.message and "esx3 (vStorageUnknown)" in error.message
     assert "esx1" not in error.message
@@ -97,14 +106,19 @@ def test_an_unknown_type_is_a_warning_that_names_the_key():
 def template_vm(thin: bool, eager: bool) -> Any:
     controller = vim.vm.device.ParaVirtualSCSIController(key=1000, busNumber=0)
     disk = vim.vm.device.VirtualDisk(
-        key=2000, controllerKey=1000, unitNumber=0, capacityInKB=1024,
+        key=2000,
+        controllerKey=1000,
+        unitNumber=0,
+        capacityInKB=1024,
         backing=vim.vm.device.VirtualDisk.FlatVer2BackingInfo(thinProvisioned=thin, eagerlyScrub=eager),
     )
     nic = vim.vm.device.VirtualVmxnet3(key=4000)
-    return SimpleNamespace(config=SimpleNamespace(
-        hardware=SimpleNamespace(device=[controller, disk, nic]),
-        extraConfig=[vim.option.OptionValue(key="disk.EnableUUID", value="TRUE")],
-    ))
+    return SimpleNamespace(
+        config=SimpleNamespace(
+            hardware=SimpleNamespace(device=[controller, disk, nic]),
+            extraConfig=[vim.option.OptionValue(key="disk.EnableUUID", value="TRUE")],
+        )
+    )
 
 
 def test_a_thin_disk_on_the_template_is_the_datastore_s_doing_and_no_rebuild_is_promised(monkeypatch):
@@ -147,16 +161,20 @@ def cluster_with_drs(behavior: str | None) -> Any:
 RULES = (vs.AntiAffinityRule("labs-k8s-labs-control-planes", ("m01", "m02", "m03")),)
 
 
-@pytest.mark.parametrize(("behavior", "says"), [
-    ("partiallyAutomated", "places VMs at power-on but never migrates them"),
-    ("manual", "only makes recommendations"),
-])
+@pytest.mark.parametrize(
+    ("behavior", "says"),
+    [
+        ("partiallyAutomated", "places VMs at power-on but never migrates them"),
+        ("manual", "only makes recommendations"),
+    ],
+)
 def test_drs_that_does_not_migrate_is_a_warning_naming_the_risk(behavior, says):
     """Each automation level preflight reads, without a vCenter (partiallyAutomated is also shown
     on vcsim, tests/test_preflight.py)."""
     report = vpf.PreflightReport()
-    vpf._check_drs(report, vpf.PreflightSpec("dc", "C0", "ds", "net", anti_affinity_rules=RULES),
-                   cluster_with_drs(behavior))
+    vpf._check_drs(
+        report, vpf.PreflightSpec("dc", "C0", "ds", "net", anti_affinity_rules=RULES), cluster_with_drs(behavior)
+    )
     (warning,) = report.warnings
     assert f"is {behavior}: it {says}" in warning.message
     assert "created after their VMs are placed" in warning.message and "fully automated" in warning.message
@@ -165,16 +183,19 @@ def test_drs_that_does_not_migrate_is_a_warning_naming_the_risk(behavior, says):
 @pytest.mark.parametrize("behavior", ["fullyAutomated", None])
 def test_fully_automated_drs_passes(behavior):
     report = vpf.PreflightReport()
-    vpf._check_drs(report, vpf.PreflightSpec("dc", "C0", "ds", "net", anti_affinity_rules=RULES),
-                   cluster_with_drs(behavior))
+    vpf._check_drs(
+        report, vpf.PreflightSpec("dc", "C0", "ds", "net", anti_affinity_rules=RULES), cluster_with_drs(behavior)
+    )
     assert report.ok and not report.warnings
 
 
 def test_a_rule_vcenter_calls_out_of_compliance_is_named_with_its_vms():
     """inCompliance is vCenter's own verdict (vcsim never sets it); the members are on distinct
     hosts as far as runtime.host says, so only vCenter's verdict tells."""
-    vms = [SimpleNamespace(name=n, runtime=SimpleNamespace(host=SimpleNamespace(name=f"esx-{n}")))
-           for n in ("m01", "m02", "m03")]
+    vms = [
+        SimpleNamespace(name=n, runtime=SimpleNamespace(host=SimpleNamespace(name=f"esx-{n}")))
+        for n in ("m01", "m02", "m03")
+    ]
     cluster = cluster_with_drs("fullyAutomated")
     cluster.configurationEx.rule = [
         SimpleNamespace(name="labs-k8s-labs-control-planes", vm=vms, inCompliance=False),
@@ -183,8 +204,9 @@ def test_a_rule_vcenter_calls_out_of_compliance_is_named_with_its_vms():
     report = vpf.PreflightReport()
     vpf._check_drs(report, vpf.PreflightSpec("dc", "C0", "ds", "net", anti_affinity_rules=RULES), cluster)
     (warning,) = report.warnings
-    assert "'labs-k8s-labs-control-planes' is violated (vCenter: not in compliance; VMs m01, m02, m03)" \
-        in warning.message
+    assert (
+        "'labs-k8s-labs-control-planes' is violated (vCenter: not in compliance; VMs m01, m02, m03)" in warning.message
+    )
 
 
 # ---------------------------------------------------------------------------- installer logs
@@ -194,10 +216,10 @@ def test_a_rule_vcenter_calls_out_of_compliance_is_named_with_its_vms():
 # cdebconf's questions.dat, the preseed's answers, to /target/var/log/installer).
 FINISH_INSTALL = {
     "55netcfg-copy-config": 'mkdir -p "$TARGET/etc/network" && echo "iface ens192 inet static" '
-                            '> "$TARGET/etc/network/interfaces"\n',
+    '> "$TARGET/etc/network/interfaces"\n',
     "94save-logs": 'mkdir -p "$TARGET/var/log/installer/cdebconf" && '
-                   'echo "mirror/http/proxy http://user:secret@proxy:3142" '
-                   '> "$TARGET/var/log/installer/cdebconf/questions.dat"\n',
+    'echo "mirror/http/proxy http://user:secret@proxy:3142" '
+    '> "$TARGET/var/log/installer/cdebconf/questions.dat"\n',
 }
 
 

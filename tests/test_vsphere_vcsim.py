@@ -684,16 +684,21 @@ def test_a_nested_resource_pool_has_one_meaning(si: vim.ServiceInstance, vcsim: 
 
     dc = vs.find_datacenter(si, vcsim.datacenter)
     cluster = vs.find_cluster(si, dc, vcsim.cluster)
-    allocation = vim.ResourceAllocationInfo(reservation=0, expandableReservation=True, limit=-1,
-                                            shares=vim.SharesInfo(level="normal"))
+    allocation = vim.ResourceAllocationInfo(
+        reservation=0, expandableReservation=True, limit=-1, shares=vim.SharesInfo(level="normal")
+    )
     spec = vim.ResourceConfigSpec(cpuAllocation=allocation, memoryAllocation=allocation)
     team = cluster.resourcePool.CreateResourcePool("team", spec)
     nested = team.CreateResourcePool("k8s", spec)
     cluster.resourcePool.CreateResourcePool("k8s", spec)  # the same name one level up: not ours
     lab = make_lab_config()
-    lab = lab.model_copy(update={"vsphere": lab.vsphere.model_copy(
-        update={"compute_cluster": vcsim.cluster, "resource_pool": "team/k8s"})})
+    lab = lab.model_copy(
+        update={
+            "vsphere": lab.vsphere.model_copy(update={"compute_cluster": vcsim.cluster, "resource_pool": "team/k8s"})
+        }
+    )
     assert vs.find_resource_pool(si, cluster, lab.vsphere.resource_pool) == nested
     by_path = si.RetrieveContent().searchIndex.FindByInventoryPath(
-        f"{vs.inventory_path(si, dc.hostFolder)}/{resource_pool_path(lab)}")
+        f"{vs.inventory_path(si, dc.hostFolder)}/{resource_pool_path(lab)}"
+    )
     assert by_path == nested

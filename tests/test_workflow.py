@@ -84,8 +84,11 @@ def test_workflow_passes_the_schema_lint(path: Path) -> None:
         ("misspelt trigger", "on:\n  pull_request:\n", "on:\n  pull_requests:\n"),
         ("invalid permission level", "pull-requests: write", "pull-requests: admin"),
         ("misspelt needs", "    needs: test\n", "    need: test\n"),
-        ("step with uses and run", "      - uses: actions/checkout@v4\n      - name: Python 3.11\n",
-         "      - uses: actions/checkout@v4\n        run: git status\n      - name: Python 3.11\n"),
+        (
+            "step with uses and run",
+            "      - uses: actions/checkout@v4\n      - name: Python 3.11\n",
+            "      - uses: actions/checkout@v4\n        run: git status\n      - name: Python 3.11\n",
+        ),
     ],
 )
 def test_a_broken_copy_fails_the_lint(tmp_path: Path, mistake: str, old: str, new: str) -> None:
@@ -143,11 +146,17 @@ def test_the_test_job_keeps_what_the_suite_builds_for_itself(workflow: dict[str,
     home = Path.home()
     assert "~/" + str(CACHE_ROOT.relative_to(home)) in paths  # $LABS_K8S_CACHE unset, as in the job
     assert str(test_seal_rootfs.CACHE_DIR.relative_to(REPO)) in paths
-    assert ".cache/vcsim" in paths and 'CACHE_DIR="$REPO/.cache/vcsim"' in (
-        REPO / "tests" / "tools" / "build_vcsim.sh").read_text()
+    assert (
+        ".cache/vcsim" in paths
+        and 'CACHE_DIR="$REPO/.cache/vcsim"' in (REPO / "tests" / "tools" / "build_vcsim.sh").read_text()
+    )
     patterns = re.findall(r"'([^']+)'", re.search(r"hashFiles\((.*?)\)", options["key"]).group(1))
-    inputs = [*firstboot.RECIPE_FILES, REPO / "tests" / "tools" / "build_vcsim.sh",
-              *(REPO / "cloudinit" / "template").iterdir(), REPO / "components" / "rendering" / "template.py"]
+    inputs = [
+        *firstboot.RECIPE_FILES,
+        REPO / "tests" / "tools" / "build_vcsim.sh",
+        *(REPO / "cloudinit" / "template").iterdir(),
+        REPO / "components" / "rendering" / "template.py",
+    ]
     for path in inputs:
         relative = str(path.relative_to(REPO))
         assert any(fnmatch.fnmatch(relative, pattern.replace("**", "*")) for pattern in patterns), relative
@@ -225,13 +234,18 @@ def test_pulumi_cli_matches_the_pinned_sdk(workflow: dict[str, Any]) -> None:
 
 def test_credentials_come_only_from_secrets(workflow: dict[str, Any]) -> None:
     env = workflow["jobs"]["preview"]["env"]
-    for name in ("PULUMI_ACCESS_TOKEN", "PULUMI_CONFIG_PASSPHRASE", "VSPHERE_SERVER", "VSPHERE_USER",
-                 "VSPHERE_PASSWORD"):
+    for name in (
+        "PULUMI_ACCESS_TOKEN",
+        "PULUMI_CONFIG_PASSPHRASE",
+        "VSPHERE_SERVER",
+        "VSPHERE_USER",
+        "VSPHERE_PASSWORD",
+    ):
         assert SECRET_REF.match(env[name]), f"{name} = {env[name]!r} is not a ${{{{ secrets.* }}}} reference"
     key_step = next(s for s in workflow["jobs"]["preview"]["steps"] if "LABS_K8S_SSH_PRIVATE_KEY" in s.get("env", {}))
     assert SECRET_REF.match(key_step["env"]["LABS_K8S_SSH_PRIVATE_KEY"])
     # The private key reaches pulumi through stdin, never as a command-line argument.
-    assert '| pulumi config set --stack labs --secret labs-k8s:sshPrivateKey' in key_step["run"]
+    assert "| pulumi config set --stack labs --secret labs-k8s:sshPrivateKey" in key_step["run"]
     text = WORKFLOW.read_text()
     assert "PRIVATE KEY-----" not in text
     # Any credential-looking key in the file has an expression for a value, never a literal.
@@ -296,8 +310,9 @@ def test_render_diff_runs_the_diff_against_the_base_without_secrets(render_diff:
     assert steps.index(upload) < fail == len(steps) - 1
 
 
-def test_the_comment_is_posted_by_trusted_code_only(render_diff: dict[str, Any],
-                                                    render_diff_comment: dict[str, Any]) -> None:
+def test_the_comment_is_posted_by_trusted_code_only(
+    render_diff: dict[str, Any], render_diff_comment: dict[str, Any]
+) -> None:
     trigger = render_diff_comment["on"]
     assert list(trigger) == ["workflow_run"]
     assert trigger["workflow_run"] == {"workflows": [render_diff["name"]], "types": ["completed"]}
@@ -316,7 +331,7 @@ def test_the_comment_is_posted_by_trusted_code_only(render_diff: dict[str, Any],
     build = step_index(steps, lambda s: "components.tools.pr_comment build" in s.get("run", ""))
     post = step_index(steps, lambda s: "components.tools.pr_comment post" in s.get("run", ""))
     assert steps.index(download) < build < post
-    assert "--full-diff-url \"$RUN_URL\"" in steps[build]["run"]
+    assert '--full-diff-url "$RUN_URL"' in steps[build]["run"]
     assert steps[build]["env"]["RUN_URL"] == "${{ github.event.workflow_run.html_url }}"
     env = steps[post]["env"]
     assert env["HEAD_SHA"] == "${{ github.event.workflow_run.head_sha }}"
@@ -344,14 +359,19 @@ def test_the_default_providers_update_line_is_explained() -> None:
     ci, ci_secrets = stack_config("labs")
     for key in ("vsphere:vsphereServer", "vsphere:user", "vsphere:password"):
         ci.pop(key, None)  # not in the committed file: the job passes VSPHERE_*
-    person = {**ci, "vsphere:vsphereServer": "vcenter.example.com", "vsphere:user": "labs-k8s@vsphere.local",
-              "vsphere:password": "hunter2"}
+    person = {
+        **ci,
+        "vsphere:vsphereServer": "vcenter.example.com",
+        "vsphere:user": "labs-k8s@vsphere.local",
+        "vsphere:password": "hunter2",
+    }
     up = default_provider_inputs(person, {*ci_secrets, "vsphere:password"})
     preview = default_provider_inputs(ci, set(ci_secrets))
     section = _section((REPO / "docs" / "pull-requests.md").read_text(), "### The default providers' `update` lines")
     for provider in ("vsphere", "pulumi-python"):
-        differ = {k for k in up[provider].keys() | preview[provider].keys()
-                  if up[provider].get(k) != preview[provider].get(k)}
+        differ = {
+            k for k in up[provider].keys() | preview[provider].keys() if up[provider].get(k) != preview[provider].get(k)
+        }
         assert differ, provider
         assert f"`pulumi:providers:{provider}`" in section
         for key in differ:

@@ -131,8 +131,14 @@ class FakeCluster:
                 node.set_state(f"repos/{minor}/{package}", "".join(f"{v}\n" for v in versions))
         registered = self.dir / "nodes" / name
         (registered / "annotations").mkdir(parents=True)
-        for field, value in (("role", role), ("ip", ip), ("ready", "False"), ("kubelet", ""),
-                             ("runtime", ""), ("workloads", "")):
+        for field, value in (
+            ("role", role),
+            ("ip", ip),
+            ("ready", "False"),
+            ("kubelet", ""),
+            ("runtime", ""),
+            ("workloads", ""),
+        ):
             (registered / field).write_text(f"{value}\n" if value else "")
         return node
 
@@ -150,16 +156,22 @@ class FakeCluster:
         node.set_state(f"api/{VIP}")
         if role != "control-plane":
             return
-        node.write("/etc/kubernetes/admin.conf", (
-            f"apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: AAAA\n    server: https://{VIP}:6443\n"
-            "  name: labs-k8s\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate-data: original\n"))
+        node.write(
+            "/etc/kubernetes/admin.conf",
+            (
+                f"apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: AAAA\n    server: https://{VIP}:6443\n"
+                "  name: labs-k8s\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate-data: original\n"
+            ),
+        )
         minor = int(version.split(".")[1])
         etcd = "3.6.6-0" if minor >= 34 else "3.5.24-0"
         for component in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
             tag = etcd if component == "etcd" else version
-            node.write(f"/etc/kubernetes/manifests/{component}.yaml",
-                       f"apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: {component}\n"
-                       f"    image: registry.k8s.io/{component}:{tag}\n")
+            node.write(
+                f"/etc/kubernetes/manifests/{component}.yaml",
+                f"apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: {component}\n"
+                f"    image: registry.k8s.io/{component}:{tag}\n",
+            )
             pod = self.dir / "pods" / f"{component}-{name}"
             pod.mkdir()
             (pod / "image").write_text(f"registry.k8s.io/{component}:{tag}\n")
@@ -209,11 +221,19 @@ class FakeCluster:
     def snapshot(self) -> dict[str, bytes]:
         """The API side and every node's root, without the step bundles each step writes for itself
         (/var/lib/labs-k8s/steps): compare two runs with it."""
-        state = {str(p.relative_to(self.dir)): p.read_bytes() for p in sorted(self.dir.rglob("*"))
-                 if p.is_file() and p.name != "calls.log"}
+        state = {
+            str(p.relative_to(self.dir)): p.read_bytes()
+            for p in sorted(self.dir.rglob("*"))
+            if p.is_file() and p.name != "calls.log"
+        }
         for name, node in self.nodes.items():
-            state.update({f"{name}:{key}": value for key, value in node.snapshot().items()
-                          if not key.startswith("var/lib/labs-k8s/steps/")})
+            state.update(
+                {
+                    f"{name}:{key}": value
+                    for key, value in node.snapshot().items()
+                    if not key.startswith("var/lib/labs-k8s/steps/")
+                }
+            )
         return state
 
 
@@ -236,6 +256,8 @@ REPOSITORIES = {
     }
     for minor, patches in ((34, (3, 0)), (35, (4, 2, 1, 0)), (36, (2, 1, 0)), (37, (0,)))
 }
+
+
 def write_prepare_step(node: UpgradeNode, cfg: LabConfig, lab_node: Node) -> Path:
     """The node's prepare bundle in its own step directory (/var/lib/labs-k8s/steps/<node>-prepare),
     where its step writes it and the upgrade steps find it again."""
@@ -250,8 +272,12 @@ def write_prepare_step(node: UpgradeNode, cfg: LabConfig, lab_node: Node) -> Pat
 def run_prepare(node: UpgradeNode, cfg: LabConfig, lab_node: Node) -> subprocess.CompletedProcess[str]:
     """The node's prepare step as the graph runs it: its bundle written, then run from there."""
     write_prepare_step(node, cfg, lab_node)
-    node.install_step({"prepare.sh": f'exec bash "$LABS_K8S_ROOT{STEP_ROOT}/{k8s.prepare_step_name(lab_node)}/'
-                                     f'{k8s.PREPARE_ENTRYPOINT}"\n'})
+    node.install_step(
+        {
+            "prepare.sh": f'exec bash "$LABS_K8S_ROOT{STEP_ROOT}/{k8s.prepare_step_name(lab_node)}/'
+            f'{k8s.PREPARE_ENTRYPOINT}"\n'
+        }
+    )
     return node.run("prepare.sh")
 
 
@@ -293,16 +319,28 @@ def chain(cfg: LabConfig) -> list[Step]:
     for item in k8s.upgrade_order(cfg):
         name = item.node.name
         if item.kind in ("apply", "node"):
-            steps.append(Step(f"{name}-upgrade", name, k8s.upgrade_control_plane_files(cfg, item.node),
-                              k8s.UPGRADE_CONTROL_PLANE_ENTRYPOINT))
+            steps.append(
+                Step(
+                    f"{name}-upgrade",
+                    name,
+                    k8s.upgrade_control_plane_files(cfg, item.node),
+                    k8s.UPGRADE_CONTROL_PLANE_ENTRYPOINT,
+                )
+            )
         else:
             drain = k8s.upgrade_drain_files(cfg, item.node)
             steps += [
-                Step(f"{name}-upgrade-drain", first, drain, k8s.UPGRADE_DRAIN_ENTRYPOINT,
-                     k8s.upgrade_drain_args("drain")),
+                Step(
+                    f"{name}-upgrade-drain", first, drain, k8s.UPGRADE_DRAIN_ENTRYPOINT, k8s.upgrade_drain_args("drain")
+                ),
                 Step(f"{name}-upgrade", name, k8s.upgrade_worker_files(cfg, item.node), k8s.UPGRADE_WORKER_ENTRYPOINT),
-                Step(f"{name}-upgrade-uncordon", first, drain, k8s.UPGRADE_DRAIN_ENTRYPOINT,
-                     k8s.upgrade_drain_args("uncordon")),
+                Step(
+                    f"{name}-upgrade-uncordon",
+                    first,
+                    drain,
+                    k8s.UPGRADE_DRAIN_ENTRYPOINT,
+                    k8s.upgrade_drain_args("uncordon"),
+                ),
             ]
     return steps
 
@@ -323,13 +361,16 @@ def short_waits(files: dict[str, str], seconds: int = 15) -> dict[str, str]:
     """The same bundle with its waits bounded to `seconds` (the stand-in `sleep` returns at once)."""
     params = files[k8s.PARAMS_FILE]
     for name in ("NODE_WAIT_SECONDS", "VERIFY_TIMEOUT_SECONDS", "API_WAIT_SECONDS"):
-        params = "\n".join(f"{name}={seconds}" if line.startswith(f"{name}=") else line
-                           for line in params.splitlines()) + "\n"
+        params = (
+            "\n".join(f"{name}={seconds}" if line.startswith(f"{name}=") else line for line in params.splitlines())
+            + "\n"
+        )
     return {**files, k8s.PARAMS_FILE: params}
 
 
-def run_chain(cluster: FakeCluster, cfg: LabConfig, start: str | None = None, waits: int | None = None,
-              prepare: bool = False) -> ChainRun:
+def run_chain(
+    cluster: FakeCluster, cfg: LabConfig, start: str | None = None, waits: int | None = None, prepare: bool = False
+) -> ChainRun:
     """The upgrade steps in order, from `start`. A fresh run (no `start`) first puts every node's
     prepare step of the new config in place, as the graph does before the chain; `prepare=True` also
     runs them (on a joined node at the old version they change nothing:
@@ -337,7 +378,7 @@ def run_chain(cluster: FakeCluster, cfg: LabConfig, start: str | None = None, wa
     steps = chain(cfg)
     results: dict[str, subprocess.CompletedProcess[str]] = {}
     if start is not None:
-        steps = steps[[s.name for s in steps].index(start):]
+        steps = steps[[s.name for s in steps].index(start) :]
     else:
         for lab_node in cfg.kubernetes_nodes:
             node = cluster.nodes[lab_node.name]

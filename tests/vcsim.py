@@ -214,7 +214,12 @@ def vcsim_factory(
         if netns is None:  # inside a namespace it listens before it prints the URL (NewServer)
             _wait_port(host, port, START_TIMEOUT_S)
         return Vcsim(
-            host=host, port=port, user=USER, password=PASSWORD, pid=proc.pid, topology=topology,
+            host=host,
+            port=port,
+            user=USER,
+            password=PASSWORD,
+            pid=proc.pid,
+            topology=topology,
             password_file=password_file,
         )
 

@@ -94,8 +94,7 @@ def seal(step: str, bundle: str, recipients: Mapping[str, str], prove: bool = Fa
     material = "\0".join(f"{name}\0{key}" for name, key in sorted(recipients.items())).encode()
     bundle_key = hmac.new(material, b"bundle key\0" + plaintext, hashlib.sha256).hexdigest()
     lines = [
-        f"{name} {key_id(node_key)} {encrypt(node_key, bundle_key.encode())}"
-        for name, node_key in recipients.items()
+        f"{name} {key_id(node_key)} {encrypt(node_key, bundle_key.encode())}" for name, node_key in recipients.items()
     ]
     files = {
         UNSEAL_ENTRYPOINT: read_file(UNSEAL_SCRIPT),
@@ -147,11 +146,11 @@ def verified_answer(step: str, sealed: str, node_key: str, stdout: str) -> str:
     if not last.startswith(PROOF_PREFIX):
         raise ValueError(
             f"{step}: the answer has no proof that a host of {', '.join(recipients_of(sealed))} gave it: "
-            "another machine may answer for the address (docs/cluster.md, \"Host identity\"); not used"
+            'another machine may answer for the address (docs/cluster.md, "Host identity"); not used'
         )
     if not hmac.compare_digest(last, proof(sealed, node_key, answer.rstrip("\n"))):
         raise ValueError(
             f"{step}: the answer's proof is wrong: it did not come from a host of "
-            f"{', '.join(recipients_of(sealed))} (docs/cluster.md, \"Host identity\"); not used"
+            f'{", ".join(recipients_of(sealed))} (docs/cluster.md, "Host identity"); not used'
         )
     return answer

@@ -163,17 +163,38 @@ _VM_FORCE_NEW_TOP = {"replaceTrigger", "datastorePath", "ovfDeploy"}
 # Updates of these arguments set reboot_required (getWithRestart / getBoolWithRestart in
 # virtual_machine_config_structure.go; hardware_version and pci_device_id in the resource).
 _VM_REBOOT_KEYS = {
-    "alternateGuestName", "cpuHotAddEnabled", "cpuHotRemoveEnabled", "cpuPerformanceCountersEnabled",
-    "efiSecureBootEnabled", "enableDiskUuid", "enableLogging", "eptRviMode", "firmware", "guestId", "hvMode",
-    "memoryHotAddEnabled", "nestedHvEnabled", "numCoresPerNumaNode", "numCoresPerSocket",
-    "runToolsScriptsAfterPowerOn", "runToolsScriptsAfterResume", "runToolsScriptsBeforeGuestReboot",
-    "runToolsScriptsBeforeGuestShutdown", "runToolsScriptsBeforeGuestStandby", "swapPlacementPolicy",
-    "toolsUpgradePolicy", "vbsEnabled", "vvtdEnabled", "hardwareVersion", "pciDeviceIds",
+    "alternateGuestName",
+    "cpuHotAddEnabled",
+    "cpuHotRemoveEnabled",
+    "cpuPerformanceCountersEnabled",
+    "efiSecureBootEnabled",
+    "enableDiskUuid",
+    "enableLogging",
+    "eptRviMode",
+    "firmware",
+    "guestId",
+    "hvMode",
+    "memoryHotAddEnabled",
+    "nestedHvEnabled",
+    "numCoresPerNumaNode",
+    "numCoresPerSocket",
+    "runToolsScriptsAfterPowerOn",
+    "runToolsScriptsAfterResume",
+    "runToolsScriptsBeforeGuestReboot",
+    "runToolsScriptsBeforeGuestShutdown",
+    "runToolsScriptsBeforeGuestStandby",
+    "swapPlacementPolicy",
+    "toolsUpgradePolicy",
+    "vbsEnabled",
+    "vvtdEnabled",
+    "hardwareVersion",
+    "pciDeviceIds",
 }
 
 
-def _vm_diff(reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any],
-             paths: list[PropertyPath]) -> ProviderDiff:
+def _vm_diff(
+    reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any], paths: list[PropertyPath]
+) -> ProviderDiff:
     forced = set()
     for path in paths:
         head = str(path[0])
@@ -192,27 +213,31 @@ def _vm_diff(reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any],
     return ProviderDiff(replaces=tuple(sorted(forced)), reboots=reboots)
 
 
-def _anti_affinity_rule_diff(reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any],
-                             paths: list[PropertyPath]) -> ProviderDiff:
+def _anti_affinity_rule_diff(
+    reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any], paths: list[PropertyPath]
+) -> ProviderDiff:
     # resource_vsphere_compute_cluster_vm_anti_affinity_rule.go: only compute_cluster_id is ForceNew.
     return ProviderDiff(replaces=tuple(k for k in _top(paths) if k == "computeClusterId"))
 
 
-def _every_input_forces_new(reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any],
-                            paths: list[PropertyPath]) -> ProviderDiff:
+def _every_input_forces_new(
+    reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any], paths: list[PropertyPath]
+) -> ProviderDiff:
     # terraform-provider-random: every attribute of random_password and random_id is RequiresReplace.
     return ProviderDiff(replaces=tuple(_top(paths)))
 
 
-def _command_diff(reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any],
-                  paths: list[PropertyPath]) -> ProviderDiff:
+def _command_diff(
+    reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any], paths: list[PropertyPath]
+) -> ProviderDiff:
     # pulumi-command 1.2.1 provider/pkg/provider/common/inputs.go: `triggers` is replaceOnChanges;
     # any other change is an update (which runs `update`, or `create` again when there is none).
     return ProviderDiff(replaces=tuple(k for k in _top(paths) if k == "triggers"))
 
 
-def _dynamic_diff(reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any],
-                  paths: list[PropertyPath]) -> ProviderDiff:
+def _dynamic_diff(
+    reg: Registration, old: Mapping[str, Any], new: Mapping[str, Any], paths: list[PropertyPath]
+) -> ProviderDiff:
     """The dynamic provider's own diff(), unpickled from `__provider` as `python -m pulumi.dynamic` does."""
     import dill
 
@@ -223,9 +248,7 @@ def _dynamic_diff(reg: Registration, old: Mapping[str, Any], new: Mapping[str, A
     result = provider.diff(reg.name, dict(old), dict(new))
     if result.changes is False:
         return ProviderDiff(changes=False)
-    return ProviderDiff(
-        replaces=tuple(result.replaces or ()), delete_before_replace=bool(result.delete_before_replace)
-    )
+    return ProviderDiff(replaces=tuple(result.replaces or ()), delete_before_replace=bool(result.delete_before_replace))
 
 
 ProviderRule = Callable[[Registration, Mapping[str, Any], Mapping[str, Any], list[PropertyPath]], ProviderDiff]
@@ -353,7 +376,8 @@ def plan_changes(before: OfflineRun, after: OfflineRun) -> Plan:
         olds, news = _custom(before), _custom(after)
         touched = {e.urn for e in plan.effects}
         stale = {
-            urn for urn in news
+            urn
+            for urn in news
             if urn in olds and urn not in touched and olds[urn].plain_outputs != news[urn].plain_outputs
         }
         if not stale:
@@ -399,15 +423,15 @@ def _plan_once(before: OfflineRun, after: OfflineRun) -> Plan:
         ignored = [parse_property_path(p) for p in reg.ignore_changes]
         # A renewed dependency changes the inputs that read its outputs, unless they are ignored.
         extra = {
-            key for key, deps in reg.property_dependencies.items()
+            key
+            for key, deps in reg.property_dependencies.items()
             if set(deps) & renewed and not any(path_contains(i, (key,)) for i in ignored)
         }
         effect = _decide(olds[urn], reg, extra)
         if effect is None:
             continue
         if effect.cause == "dependency":
-            culprits = sorted(news[d].name for deps in reg.property_dependencies.values() for d in deps
-                              if d in renewed)
+            culprits = sorted(news[d].name for deps in reg.property_dependencies.values() for d in deps if d in renewed)
             effect = Effect(**{**effect.__dict__, "cause": "replaced: " + ", ".join(dict.fromkeys(culprits))})
         effects[urn] = effect
         if effect.action == "replace":
@@ -456,8 +480,9 @@ def _delete_first_set(effects: Mapping[str, Effect], news: Mapping[str, Registra
     return first
 
 
-def _cascade_roots(delete_first: set[str], effects: Mapping[str, Effect],
-                   news: Mapping[str, Registration]) -> dict[str, set[str]]:
+def _cascade_roots(
+    delete_first: set[str], effects: Mapping[str, Effect], news: Mapping[str, Registration]
+) -> dict[str, set[str]]:
     """For each member of the delete-first set, the delete-before-replace roots it is deleted for."""
     roots = {u for u in delete_first if effects[u].delete_before_replace}
     dependents: dict[str, set[str]] = {u: set() for u in news}
@@ -479,8 +504,9 @@ def _cascade_roots(delete_first: set[str], effects: Mapping[str, Effect],
     return owner
 
 
-def _schedule(effects: Mapping[str, Effect], olds: Mapping[str, Registration],
-              news: Mapping[str, Registration]) -> tuple[list[Step], list[Effect]]:
+def _schedule(
+    effects: Mapping[str, Effect], olds: Mapping[str, Registration], news: Mapping[str, Registration]
+) -> tuple[list[Step], list[Effect]]:
     """Order the effects as the engine runs them, as steps numbered from 1.
 
     Forward steps (create, update, replace) follow the new graph: a resource after everything it
@@ -601,8 +627,11 @@ def _bigger_data_disks(ns: dict[str, Any]) -> None:
 
 
 def _new_debian(ns: dict[str, Any]) -> None:
-    ns["template"] = {**ns["template"], "isoUrl": ns["template"]["isoUrl"].replace("12.12.0", "12.13.0"),
-                      "isoSha256": "0" * 64}
+    ns["template"] = {
+        **ns["template"],
+        "isoUrl": ns["template"]["isoUrl"].replace("12.12.0", "12.13.0"),
+        "isoSha256": "0" * 64,
+    }
 
 
 def _next_public_key() -> str:
@@ -628,13 +657,19 @@ _ROTATED_PRIVATE_KEY = _private_key_placeholder(" (rotated)")
 CHANGE_CASES: tuple[ChangeCase, ...] = (
     ChangeCase("Nothing changed (a second `up`)", lambda ns: None),
     ChangeCase("`ssh.extraPublicKeys` (the first `up` of a key rotation)", _trust_next_key),
-    ChangeCase("`ssh.publicKey` + `sshPrivateKey` (the second `up` of a key rotation)", _swap_to_next_key,
-               {"labs-k8s:sshPrivateKey": _ROTATED_PRIVATE_KEY}),
+    ChangeCase(
+        "`ssh.publicKey` + `sshPrivateKey` (the second `up` of a key rotation)",
+        _swap_to_next_key,
+        {"labs-k8s:sshPrivateKey": _ROTATED_PRIVATE_KEY},
+    ),
     # The login is read at each call and is in no resource's inputs; the runbook's "Rotating the
     # vCenter password" says why one `up` still matters: refresh and destroy use the provider
     # config recorded at the last `up` (providers/registry.go Registry.Same; #18740 reverted by #18756).
-    ChangeCase("`vsphere:password` (a vCenter password rotation)", lambda ns: None,
-               {"vsphere:password": "a-rotated-vcenter-password"}),
+    ChangeCase(
+        "`vsphere:password` (a vCenter password rotation)",
+        lambda ns: None,
+        {"vsphere:password": "a-rotated-vcenter-password"},
+    ),
     ChangeCase("`network.ntpServers`", _set("network", ntpServers=["ntp1.labs.local"])),
     ChangeCase("`network.dnsServers`", _set("network", dnsServers=["10.3.60.2"])),
     ChangeCase("`loadBalancer.advertIntSeconds` (a balancer setting)", _set("loadBalancer", advertIntSeconds=2)),
@@ -662,7 +697,7 @@ def _namespace(stack: str) -> dict[str, Any]:
     config, _ = stack_config(stack)
     prefix = f"{NAMESPACE}:"
     return {
-        key[len(prefix):]: json.loads(value) if value[:1] in "{[" else value
+        key[len(prefix) :]: json.loads(value) if value[:1] in "{[" else value
         for key, value in config.items()
         if key.startswith(prefix) and key != f"{prefix}sshPrivateKey"
     }
@@ -680,7 +715,7 @@ def case_runs(case: ChangeCase, stack: str = "labs", before: OfflineRun | None =
 
 
 def summary(plan: Plan) -> str:
-    """"2 replaced, 1 updated" or "no change"."""
+    """ "2 replaced, 1 updated" or "no change"."""
     words = {"create": "created", "update": "updated", "replace": "replaced", "delete": "deleted"}
     return ", ".join(f"{n} {words[action]}" for action, n in plan.counts().items() if n) or "no change"
 

@@ -53,8 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     render_parser = commands.add_parser("render", help="write plan.json, graph.mmd and every pushed file")
     render_parser.add_argument("--stack", default="labs", help="stack whose Pulumi.<stack>.yaml to read")
     render_parser.add_argument("--out", type=Path, required=True, help="output folder (created)")
-    render_parser.add_argument("--fingerprint-key", type=Path, metavar="FILE",
-                               help="also write run.json, secrets as HMACs under the key in FILE (for diff)")
+    render_parser.add_argument(
+        "--fingerprint-key",
+        type=Path,
+        metavar="FILE",
+        help="also write run.json, secrets as HMACs under the key in FILE (for diff)",
+    )
     diff_parser = commands.add_parser("diff", help="what changes between a git ref and the working tree, offline")
     diff_parser.add_argument("--stack", default="labs", help="stack whose Pulumi.<stack>.yaml to render")
     diff_parser.add_argument("--against", required=True, metavar="REF", help="git ref to compare with (the base)")
@@ -62,8 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     drill_cli.add_parser(commands)
     privileges_parser = commands.add_parser("privileges", help="govc commands creating the vCenter roles")
     privileges_parser.add_argument("--stack", help="fill in this stack's datacenter, folder, ... (default: variables)")
-    privileges_parser.add_argument("--phase", choices=("up", "preview"), default="up",
-                                   help="up: every role; preview: the read-only role pulumi preview needs")
+    privileges_parser.add_argument(
+        "--phase",
+        choices=("up", "preview"),
+        default="up",
+        help="up: every role; preview: the read-only role pulumi preview needs",
+    )
     privileges_parser.add_argument("--principal", help="the vCenter user or group (default: the stack's vsphere:user)")
     privileges_parser.add_argument("--write-docs", action="store_true", help="rewrite docs/runbook.md's blocks")
     check_parser = commands.add_parser("check", help="before make up/preview/destroy: CLI, login, stack, settings")

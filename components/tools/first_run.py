@@ -74,8 +74,9 @@ def _say(purpose: str, text: str) -> None:
 
 
 def _pulumi(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["pulumi", *args, "--non-interactive"], capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S, check=False)
+    return subprocess.run(
+        ["pulumi", *args, "--non-interactive"], capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False
+    )
 
 
 def _first_line(text: str) -> str:
@@ -88,9 +89,9 @@ def require_cli(purpose: str) -> None:
         raise CheckFailed(
             "the Pulumi CLI is not installed (no `pulumi` on PATH).\n"
             f"  Install it:  {INSTALL_COMMAND}\n"
-            "               then open a new shell (or: export PATH=\"$HOME/.pulumi/bin:$PATH\")\n"
+            '               then open a new shell (or: export PATH="$HOME/.pulumi/bin:$PATH")\n'
             f"  Other ways:  {INSTALL_URL}\n"
-            f"  Then log in (README, \"Your first lab\", step 2) and run `make {purpose}` again."
+            f'  Then log in (README, "Your first lab", step 2) and run `make {purpose}` again.'
         )
 
 
@@ -105,7 +106,7 @@ def whoami() -> dict[str, Any]:
             "    pulumi login s3://<bucket>/<prefix>       # self-managed: s3://, azblob://, gs://, file://<dir>\n"
             "    pulumi login --local                      # this machine only (~/.pulumi)\n"
             "  With a self-managed or local backend, also: export PULUMI_CONFIG_PASSPHRASE='<passphrase>'\n"
-            "  (README, \"Your first lab\", step 2)."
+            '  (README, "Your first lab", step 2).'
         )
     try:
         info = json.loads(result.stdout or "{}")
@@ -128,11 +129,11 @@ def existing_stacks() -> set[str]:
 
 def stack_files_here() -> set[str]:
     """Stacks with a Pulumi.<stack>.yaml in this checkout."""
-    return {path.name[len("Pulumi."):-len(".yaml")] for path in REPO_ROOT.glob("Pulumi.*.yaml")}
+    return {path.name[len("Pulumi.") : -len(".yaml")] for path in REPO_ROOT.glob("Pulumi.*.yaml")}
 
 
 def did_you_mean(stack: str, candidates: set[str]) -> str:
-    """" Did you mean 'mysite'?" for a near miss among the backend's stacks and this checkout's files."""
+    """ " Did you mean 'mysite'?" for a near miss among the backend's stacks and this checkout's files."""
     near = difflib.get_close_matches(stack, sorted(candidates - {stack, EXAMPLE_STACK}), n=1, cutoff=0.6)
     return f"did you mean {near[0]!r} (STACK={near[0]})? " if near else ""
 
@@ -161,14 +162,20 @@ def before_stack_init(stack: str, document: dict[str, Any], url: str) -> None:
     foreign = [key for key in FOREIGN_SECRETS_KEYS if key in document]
     secure = _secure_keys(document.get("config") or {})
     if foreign or secure:
-        lines = [f"{name} carries secrets material of another stack, but stack {stack!r} does not exist yet "
-                 "(was the file copied from another stack's?):"]
+        lines = [
+            f"{name} carries secrets material of another stack, but stack {stack!r} does not exist yet "
+            "(was the file copied from another stack's?):"
+        ]
         if foreign:
-            lines.append(f"  - {', '.join(foreign)}: remove these lines; `pulumi stack init` writes this stack's own "
-                         "(a copied encryptionsalt fails with \"incorrect passphrase\")")
+            lines.append(
+                f"  - {', '.join(foreign)}: remove these lines; `pulumi stack init` writes this stack's own "
+                '(a copied encryptionsalt fails with "incorrect passphrase")'
+            )
         if secure:
-            lines.append(f"  - secret values {', '.join(secure)}: remove them; they are ciphertext under the other "
-                         "stack's key. Set them again once the stack exists (the commands follow on the next run)")
+            lines.append(
+                f"  - secret values {', '.join(secure)}: remove them; they are ciphertext under the other "
+                "stack's key. Set them again once the stack exists (the commands follow on the next run)"
+            )
         raise CheckFailed("\n".join(lines))
     if _self_managed(url) and not _has_passphrase() and not sys.stdin.isatty():
         raise CheckFailed(
@@ -190,12 +197,12 @@ def settings_file_not_here(stack: str, url: str) -> str:
     name = stack_file_path(stack).name
     return (
         f"stack {stack!r} exists in backend {url}, but its settings file {name} is not in this checkout "
-        "(stack files are not committed: README, \"Secrets and settings\").\n"
+        '(stack files are not committed: README, "Secrets and settings").\n'
         f"  Fetch the settings of its last update:  pulumi config refresh --stack {stack}\n"
         "  (or copy the file from whoever runs this lab). Not the example Pulumi.labs.yaml: its settings are "
         "not this lab's, and an update with them would change or replace the lab.\n"
         f"  A stack that never ran an update has nothing to fetch: cp Pulumi.labs.yaml {name}, edit it "
-        "(README, \"What to change for your site\"), then set its secrets again."
+        '(README, "What to change for your site"), then set its secrets again.'
     )
 
 
@@ -205,8 +212,9 @@ def missing_settings(stack: str, document: dict[str, Any]) -> list[str]:
     commands = []
     ssh = config.get(f"{NAMESPACE}:ssh") or {}
     if not (isinstance(ssh, dict) and ssh.get("publicKey")):
-        commands.append(f"pulumi config set --stack {stack} --path '{NAMESPACE}:ssh.publicKey' "
-                        "\"$(cat ~/.ssh/labs-k8s.pub)\"")
+        commands.append(
+            f"pulumi config set --stack {stack} --path '{NAMESPACE}:ssh.publicKey' \"$(cat ~/.ssh/labs-k8s.pub)\""
+        )
     if f"{NAMESPACE}:{SSH_PRIVATE_KEY}" not in config:
         commands.append(f"pulumi config set --stack {stack} --secret {NAMESPACE}:{SSH_PRIVATE_KEY} < ~/.ssh/labs-k8s")
     for key, env, command in (
@@ -223,8 +231,11 @@ def settings_problems(stack: str, document: dict[str, Any]) -> list[str]:
     """The lab config and the provider settings, validated offline (the program checks again, decrypted)."""
     config = document.get("config") or {}
     problems: list[str] = []
-    raw = {key[len(NAMESPACE) + 1:]: value for key, value in config.items()
-           if key.startswith(f"{NAMESPACE}:") and key != f"{NAMESPACE}:{SSH_PRIVATE_KEY}"}
+    raw = {
+        key[len(NAMESPACE) + 1 :]: value
+        for key, value in config.items()
+        if key.startswith(f"{NAMESPACE}:") and key != f"{NAMESPACE}:{SSH_PRIVATE_KEY}"
+    }
     ssh = raw.get("ssh", {})
     if isinstance(ssh, dict) and not ssh.get("publicKey"):
         raw["ssh"] = {**ssh, "publicKey": PLACEHOLDER_PUBLIC_KEY}  # reported with its command instead
@@ -235,16 +246,20 @@ def settings_problems(stack: str, document: dict[str, Any]) -> list[str]:
     for key, source in MUST_BE_SECRET.items():
         if key in config and not (isinstance(config[key], dict) and "secure" in config[key]):
             # Said without the value: it is in clear in the file, and must not reach a terminal or a log too.
-            problems.append(f"{key} is set in clear in {stack_file_path(stack).name} (set without --secret); set "
-                            f"it again as a secret, which replaces the clear value: pulumi config set --stack {stack} "
-                            f"--secret {key}{' ' + source if source else ''}")
+            problems.append(
+                f"{key} is set in clear in {stack_file_path(stack).name} (set without --secret); set "
+                f"it again as a secret, which replaces the clear value: pulumi config set --stack {stack} "
+                f"--secret {key}{' ' + source if source else ''}"
+            )
     insecure = config.get("vsphere:allowUnverifiedSsl")
     try:
         # YAML reads a bare false as a boolean; Pulumi hands it to the program as "false".
         provider_bool(str(insecure).lower() if isinstance(insecure, bool) else insecure)
     except ValueError as error:
-        problems.append(f"vsphere:allowUnverifiedSsl: {error}; write true or false: "
-                        f"pulumi config set --stack {stack} vsphere:allowUnverifiedSsl false")
+        problems.append(
+            f"vsphere:allowUnverifiedSsl: {error}; write true or false: "
+            f"pulumi config set --stack {stack} vsphere:allowUnverifiedSsl false"
+        )
     return problems
 
 
@@ -259,15 +274,20 @@ def initial_deployment(stack: str, now: datetime | None = None) -> dict[str, Any
     survives a first `up` that fails before any.
     """
     name = stack.rsplit("/", 1)[-1]
-    return {"version": 3, "deployment": {
-        "manifest": {"time": (now or datetime.now(UTC)).isoformat(), "magic": "", "version": ""},
-        "resources": [{
-            "urn": f"urn:pulumi:{name}::{PROJECT}::pulumi:pulumi:Stack::{PROJECT}-{name}",
-            "custom": False,
-            "type": "pulumi:pulumi:Stack",
-            "outputs": {INITIAL_DEPLOYMENT_OUTPUT: "make up (components/tools/first_run.py)"},
-        }],
-    }}
+    return {
+        "version": 3,
+        "deployment": {
+            "manifest": {"time": (now or datetime.now(UTC)).isoformat(), "magic": "", "version": ""},
+            "resources": [
+                {
+                    "urn": f"urn:pulumi:{name}::{PROJECT}::pulumi:pulumi:Stack::{PROJECT}-{name}",
+                    "custom": False,
+                    "type": "pulumi:pulumi:Stack",
+                    "outputs": {INITIAL_DEPLOYMENT_OUTPUT: "make up (components/tools/first_run.py)"},
+                }
+            ],
+        },
+    }
 
 
 def give_initial_deployment(stack: str, purpose: str) -> None:
@@ -288,10 +308,14 @@ def give_initial_deployment(stack: str, purpose: str) -> None:
         file.flush()
         imported = _pulumi("stack", "import", "--stack", stack, "--file", file.name)
     if imported.returncode != 0:
-        raise CheckFailed(f"`pulumi stack import --stack {stack}` of its initial deployment failed: "
-                          f"{_first_line(imported.stderr)}")
-    _say(purpose, f"gave stack {stack!r} its initial deployment (no resources): the program reads its previous "
-                  "state from it (docs/cluster.md, \"The previous state\")")
+        raise CheckFailed(
+            f"`pulumi stack import --stack {stack}` of its initial deployment failed: {_first_line(imported.stderr)}"
+        )
+    _say(
+        purpose,
+        f"gave stack {stack!r} its initial deployment (no resources): the program reads its previous "
+        'state from it (docs/cluster.md, "The previous state")',
+    )
 
 
 VSPHERE_PROVIDER_TYPE = "pulumi:providers:vsphere"
@@ -323,8 +347,11 @@ def recorded_provider_inputs(stack: str) -> dict[str, Any] | None:
         raise CheckFailed(f"`pulumi stack export --stack {stack}` did not print a deployment") from None
     for resource in deployment.get("resources") or []:
         urn = str(resource.get("urn", ""))
-        if resource.get("type") == VSPHERE_PROVIDER_TYPE and urn.rsplit("::", 1)[-1].startswith("default") \
-                and not resource.get("delete"):
+        if (
+            resource.get("type") == VSPHERE_PROVIDER_TYPE
+            and urn.rsplit("::", 1)[-1].startswith("default")
+            and not resource.get("delete")
+        ):
             return dict(resource.get("inputs") or {})
     return None
 
@@ -349,8 +376,9 @@ def recorded_login_changes(stack: str, document: dict[str, Any]) -> list[str]:
         if isinstance(current, dict) and "secure" in current:
             shown = _pulumi("config", "get", "--stack", stack, f"vsphere:{key}")
             if shown.returncode != 0:
-                raise CheckFailed(f"`pulumi config get --stack {stack} vsphere:{key}` failed: "
-                                  f"{_first_line(shown.stderr)}")
+                raise CheckFailed(
+                    f"`pulumi config get --stack {stack} vsphere:{key}` failed: {_first_line(shown.stderr)}"
+                )
             current = shown.stdout.removesuffix("\n")
         now, then = _setting_text(current), _setting_text(recorded.get(key))
         if now is None or then is None:
@@ -387,8 +415,8 @@ def run_checks(stack: str, purpose: str) -> None:
         raise CheckFailed(
             f"stack {EXAMPLE_STACK!r} is the example every site's stack file starts from (Pulumi.labs.yaml is "
             f"committed): it is not created here, so that the example never carries a salt or ciphertext. "
-            f"Make your site's stack (README, \"Your first lab\", step 3):\n"
-            f"    export STACK=<site>\n    cp Pulumi.labs.yaml \"Pulumi.$STACK.yaml\"\n    pulumi stack init \"$STACK\""
+            f'Make your site\'s stack (README, "Your first lab", step 3):\n'
+            f'    export STACK=<site>\n    cp Pulumi.labs.yaml "Pulumi.$STACK.yaml"\n    pulumi stack init "$STACK"'
         )
     if purpose != "destroy":
         try:
@@ -428,8 +456,11 @@ def run_checks(stack: str, purpose: str) -> None:
             )
         return
     if "environment" in document:
-        _say(purpose, f"{stack_file_path(stack).name} imports Pulumi ESC environments: settings are checked by the "
-                      "program itself, not here")
+        _say(
+            purpose,
+            f"{stack_file_path(stack).name} imports Pulumi ESC environments: settings are checked by the "
+            "program itself, not here",
+        )
     else:
         settings_complete(stack, document)
     if purpose == "up" and _self_managed(url):
@@ -442,12 +473,14 @@ def settings_complete(stack: str, document: dict[str, Any]) -> None:
     if commands or problems:
         lines = []
         if commands:
-            lines.append(f"stack {stack!r} is missing settings the lab needs. Set them (README, \"Your first lab\"):")
+            lines.append(f'stack {stack!r} is missing settings the lab needs. Set them (README, "Your first lab"):')
             lines += [f"    {c}" for c in commands]
             if stack == EXAMPLE_STACK:
-                lines.append("  These write into the committed example Pulumi.labs.yaml: only in a throw-away checkout "
-                             "(as .github/workflows/preview.yml does), never committed; a site uses its own stack "
-                             "(README, \"Your first lab\", step 3)")
+                lines.append(
+                    "  These write into the committed example Pulumi.labs.yaml: only in a throw-away checkout "
+                    "(as .github/workflows/preview.yml does), never committed; a site uses its own stack "
+                    '(README, "Your first lab", step 3)'
+                )
         if problems:
             lines.append(f"{stack_file_path(stack).name} has {len(problems)} problem(s); nothing was created:")
             lines += [f"  - {p}" for p in problems]

@@ -285,8 +285,9 @@ class LabMocks(pulumi.runtime.Mocks):
             if "isoUrl" in args.inputs:
                 # Keyed by the template's name (content hash included): a rebuilt template is a new VM.
                 built = str(args.inputs.get("name", args.name))
-                outputs.update(uuid=f"4201{_fake_hex(built, 28)}", moid=f"vm-{_fake_hex(built, 4)}",
-                               guestId="debian12_64Guest")
+                outputs.update(
+                    uuid=f"4201{_fake_hex(built, 28)}", moid=f"vm-{_fake_hex(built, 4)}", guestId="debian12_64Guest"
+                )
         return resource_id, outputs
 
     def _proven(self, stdout: str, inputs: Mapping[str, Any]) -> str:
@@ -361,8 +362,11 @@ class LabMocks(pulumi.runtime.Mocks):
                 "resourcePoolId": f"resgroup-{_fake_hex(name, 4)}",
             },
             "vsphere:index/getDatastore:getDatastore": {"id": f"datastore-{_fake_hex(name, 4)}", "name": name},
-            "vsphere:index/getNetwork:getNetwork": {"id": f"network-{_fake_hex(name, 4)}", "name": name,
-                                                    "type": "Network"},
+            "vsphere:index/getNetwork:getNetwork": {
+                "id": f"network-{_fake_hex(name, 4)}",
+                "name": name,
+                "type": "Network",
+            },
             "vsphere:index/getResourcePool:getResourcePool": {"id": f"resgroup-{_fake_hex(name, 4)}"},
         }
         return ids.get(args.token, {"id": f"mock-{_fake_hex(args.token + name, 8)}"}), []
@@ -387,7 +391,7 @@ def read_stack_file(stack: str) -> dict[str, Any]:
         raise StackFileError(
             f"no stack file {path.name} in {REPO_ROOT}: stack {stack!r} has no settings here. "
             f"Make it from the example: cp Pulumi.labs.yaml {path.name}, then edit it "
-            f"(README, \"What to change for your site\"). Stack files here: {', '.join(others) or 'none'}"
+            f'(README, "What to change for your site"). Stack files here: {", ".join(others) or "none"}'
         )
     try:
         document = yaml.safe_load(path.read_text()) or {}
@@ -448,6 +452,7 @@ def default_provider_inputs(config: Mapping[str, Any], secret_keys: set[str] | f
     gets its own namespace's keys without the namespace; a dynamic provider (`pulumi-python`, the
     template's and the clone sources') gets every key, namespace kept. Values are strings; a
     secret is {"secret": value}. `VSPHERE_*` variables are no config: they are in no input."""
+
     def value(key: str, raw: Any) -> Any:
         text = ("true" if raw else "false") if isinstance(raw, bool) else _config_value(raw)
         return {"secret": text} if key in secret_keys else text
@@ -507,10 +512,16 @@ class OfflineRun:
         (a Command's state holds its inputs too) and the stack's outputs."""
         state: dict[str, Any] = {}
         for urn, reg in self.registrations.items():
-            state[urn] = {"type": reg.type, "outputs": {**reg.plain_inputs, **_unwrap(rpc.deserialize_properties(
-                reg.wire_outputs))} if reg.custom else {}}
+            state[urn] = {
+                "type": reg.type,
+                "outputs": {**reg.plain_inputs, **_unwrap(rpc.deserialize_properties(reg.wire_outputs))}
+                if reg.custom
+                else {},
+            }
         state[f"urn:pulumi:stack::{PROJECT}::pulumi:pulumi:Stack::{PROJECT}-stack"] = {
-            "type": "pulumi:pulumi:Stack", "outputs": dict(self.stack_outputs)}
+            "type": "pulumi:pulumi:Stack",
+            "outputs": dict(self.stack_outputs),
+        }
         return state
 
 
@@ -533,8 +544,11 @@ def run_program(
     `organization` "organization" is a self-managed backend, any other Pulumi Cloud.
     """
     config, secret_keys = stack_config(stack, overrides, stack_file)
-    vip = json.loads(config["labs-k8s:loadBalancer"]).get("vip", "10.3.60.100") if (
-        "labs-k8s:loadBalancer" in config) else "10.3.60.100"
+    vip = (
+        json.loads(config["labs-k8s:loadBalancer"]).get("vip", "10.3.60.100")
+        if ("labs-k8s:loadBalancer" in config)
+        else "10.3.60.100"
+    )
     mocks = LabMocks(vip=str(vip), kept=kept, previous=previous, organization=organization)
     monitor = RecordingMonitor(mocks)
     if monitor_sink is not None:
@@ -543,8 +557,9 @@ def run_program(
     asyncio.set_event_loop(loop)
     try:
         # A self-managed backend's organization is "organization" (the engine passes it).
-        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor,
-                                 organization=organization)
+        pulumi.runtime.set_mocks(
+            mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor, organization=organization
+        )
         pulumi.runtime.set_all_config(config, secret_keys)
         # Outputs or RPCs left by earlier code in this process (another run, a test that made an
         # Output outside any engine) belong to another event loop: waiting for them would hang.
@@ -558,6 +573,7 @@ def run_program(
     finally:
         loop.close()
         asyncio.set_event_loop(None)
+
     def rerun(keep: Mapping[tuple[str, str], Mapping[str, Any]]) -> OfflineRun:
         return run_program(stack, overrides, program, preview, None, stack_file, keep, previous, organization)
 

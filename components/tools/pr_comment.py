@@ -106,8 +106,10 @@ _ACTIONS = ("create", "replace", "update", "delete")
 def _resources_section(resources: Sequence[Mapping[str, Any]] | None, room: int) -> str:
     """The resources' effects grouped as `pulumi up` runs them (the runbook's change table's columns)."""
     if resources is None:
-        return ("**Resources**: not compared (the base's code cannot record its run; it predates "
-                "`render --fingerprint-key`).\n\n")
+        return (
+            "**Resources**: not compared (the base's code cannot record its run; it predates "
+            "`render --fingerprint-key`).\n\n"
+        )
     counts = {action: sum(1 for r in resources if r.get("action") == action) for action in _ACTIONS}
     said = ", ".join(f"{counts[a]} to {a}" for a in _ACTIONS if counts[a]) or "no change"
     if not resources:
@@ -117,13 +119,22 @@ def _resources_section(resources: Sequence[Mapping[str, Any]] | None, room: int)
         secret = set(change.get("secret_inputs") or [])
         inputs = ", ".join(_code(str(i)) + (" [secret]" if i in secret else "") for i in change.get("inputs") or [])
         cause = str(change.get("cause") or "inputs")
-        key = (change.get("step"), str(change.get("kind")), html.escape(str(change.get("type_label"))), inputs,
-               "" if cause == "inputs" else f" (because {cause})")
+        key = (
+            change.get("step"),
+            str(change.get("kind")),
+            html.escape(str(change.get("type_label"))),
+            inputs,
+            "" if cause == "inputs" else f" (because {cause})",
+        )
         groups.setdefault(key, []).append(_code(str(change.get("name"))))
-    rows = [f"| {step} | {kind}{because} | {label}: {', '.join(names)} | {inputs or '—'} |\n"
-            for (step, kind, label, inputs, because), names in groups.items()]
-    title = (f"**Resources**: {said}, in the order `pulumi up` runs them.\n\n"
-             "| # | what happens | resources | inputs that change |\n|---|---|---|---|\n")
+    rows = [
+        f"| {step} | {kind}{because} | {label}: {', '.join(names)} | {inputs or '—'} |\n"
+        for (step, kind, label, inputs, because), names in groups.items()
+    ]
+    title = (
+        f"**Resources**: {said}, in the order `pulumi up` runs them.\n\n"
+        "| # | what happens | resources | inputs that change |\n|---|---|---|---|\n"
+    )
     return title + _limited_rows(rows, room - size(title), "resource groups") + "\n"
 
 
@@ -131,8 +142,10 @@ def _files_section(files: Sequence[Mapping[str, Any]], room: int) -> str:
     hosts = sorted({str(f["host"]) for f in files})
     rows = [f"| {_code(str(f['host']))} | {_code(str(f['path']))} | {_status(f)} |\n" for f in files]
     media = " (`golden-template` is the template's install media)" if "golden-template" in hosts else ""
-    title = (f"**Files**: {len(files)} changed on {len(hosts)} {'machine' if len(hosts) == 1 else 'machines'}"
-             f"{media}\n\n| host | file | change |\n|---|---|---|\n")
+    title = (
+        f"**Files**: {len(files)} changed on {len(hosts)} {'machine' if len(hosts) == 1 else 'machines'}"
+        f"{media}\n\n| host | file | change |\n|---|---|---|\n"
+    )
     return title + _limited_rows(rows, room - size(title), "files") + "\n"
 
 
@@ -142,14 +155,18 @@ def _file_block(change: Mapping[str, Any], diff: str, cut: bool = False) -> str:
     opened = " open" if lines <= _OPEN_LINES else ""
     note = "\n*Cut here: the rest of this file's diff is in the full diff.*\n" if cut else ""
     # Markdown is not rendered inside <summary>: HTML, escaped (names come from the pull request).
-    return (f"<details{opened}><summary><code>{html.escape(name)}</code> ({_status(change)}, {lines} lines)"
-            "</summary>\n\n"
-            f"{_fence(diff, 'diff')}{note}\n</details>\n\n")
+    return (
+        f"<details{opened}><summary><code>{html.escape(name)}</code> ({_status(change)}, {lines} lines)"
+        "</summary>\n\n"
+        f"{_fence(diff, 'diff')}{note}\n</details>\n\n"
+    )
 
 
 def _same_block(change: Mapping[str, Any], first: Mapping[str, Any]) -> str:
-    return (f"{_code(str(change['host']) + '/' + str(change['path']))}: the same change as "
-            f"{_code(str(first['host']) + '/' + str(first['path']))}.\n\n")
+    return (
+        f"{_code(str(change['host']) + '/' + str(change['path']))}: the same change as "
+        f"{_code(str(first['host']) + '/' + str(first['path']))}.\n\n"
+    )
 
 
 def _cut_diff(diff: str, room: int) -> str:
@@ -164,8 +181,11 @@ def _cut_diff(diff: str, room: int) -> str:
 
 
 def _footer(not_shown: int, cut: bool, full_diff_url: str | None) -> str:
-    where = (f"the `{ARTIFACT}` artifact of [this workflow run]({full_diff_url})" if full_diff_url
-             else f"the `{ARTIFACT}` artifact of this pull request's `render diff` workflow run")
+    where = (
+        f"the `{ARTIFACT}` artifact of [this workflow run]({full_diff_url})"
+        if full_diff_url
+        else f"the `{ARTIFACT}` artifact of this pull request's `render diff` workflow run"
+    )
     if not not_shown and not cut:
         return f"The same report as text: {where}.\n"
     parts = []
@@ -173,8 +193,10 @@ def _footer(not_shown: int, cut: bool, full_diff_url: str | None) -> str:
         parts.append("one diff above is cut")
     if not_shown:
         parts.append(f"the diffs of {not_shown} more {'file are' if not_shown == 1 else 'files are'} not shown")
-    return (f"**Not everything fits in a comment** (at most {COMMENT_LIMIT:,} characters): {' and '.join(parts)}. "
-            f"The full diff is {where}.\n")
+    return (
+        f"**Not everything fits in a comment** (at most {COMMENT_LIMIT:,} characters): {' and '.join(parts)}. "
+        f"The full diff is {where}.\n"
+    )
 
 
 def build_comment(report: Mapping[str, Any], full_diff_url: str | None = None, limit: int = COMMENT_LIMIT) -> str:
@@ -182,7 +204,7 @@ def build_comment(report: Mapping[str, Any], full_diff_url: str | None = None, l
     (host by host) while they fit, then where the full diff is."""
     text = _header(report)
     if report.get("error"):
-        error = str(report["error"])[-(limit // 2):]
+        error = str(report["error"])[-(limit // 2) :]
         return text + "**The diff could not be made:**\n\n" + _fence(error) + "\n" + _footer(0, False, full_diff_url)
     files = list(report.get("files") or [])
     if not report.get("changed"):
@@ -226,13 +248,18 @@ class GitHubError(Exception):
 
 def _request(method: str, url: str, token: str, payload: Mapping[str, Any] | None = None) -> tuple[Any, str]:
     data = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={
-        "Accept": "application/vnd.github+json",
-        "Authorization": f"Bearer {token}",
-        "X-GitHub-Api-Version": "2022-11-28",
-        "User-Agent": "labs-k8s-render-diff",
-        **({"Content-Type": "application/json"} if data is not None else {}),
-    })
+    request = urllib.request.Request(
+        url,
+        data=data,
+        method=method,
+        headers={
+            "Accept": "application/vnd.github+json",
+            "Authorization": f"Bearer {token}",
+            "X-GitHub-Api-Version": "2022-11-28",
+            "User-Agent": "labs-k8s-render-diff",
+            **({"Content-Type": "application/json"} if data is not None else {}),
+        },
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read() or b"null"), response.headers.get("Link", "")
@@ -268,8 +295,17 @@ def preview_comment(text: str, run_url: str | None = None, limit: int = COMMENT_
     return header + _fence(body) + footer
 
 
-def post_comment(api: str, repo: str, token: str, number: int, body: str, head_sha: str, head_repo: str,
-                 author: str = COMMENT_AUTHOR, marker: str = MARKER) -> str:
+def post_comment(
+    api: str,
+    repo: str,
+    token: str,
+    number: int,
+    body: str,
+    head_sha: str,
+    head_repo: str,
+    author: str = COMMENT_AUTHOR,
+    marker: str = MARKER,
+) -> str:
     """Create or update the one marked comment on pull request `number`, if that pull request is
     open and its head is still `head_sha` from `head_repo` (the workflow_run event's own values:
     the number comes from the pull request's artifact, so it is checked, not trusted)."""
@@ -280,8 +316,10 @@ def post_comment(api: str, repo: str, token: str, number: int, body: str, head_s
     if pull.get("state") != "open":
         return f"pull request #{number} is {pull.get('state')}: not commented"
     if pull["head"]["sha"] != head_sha or (pull["head"].get("repo") or {}).get("full_name") != head_repo:
-        return (f"pull request #{number} is at {pull['head']['sha'][:12]}, not {head_sha[:12]} of {head_repo}: "
-                "a newer run will comment")
+        return (
+            f"pull request #{number} is at {pull['head']['sha'][:12]}, not {head_sha[:12]} of {head_repo}: "
+            "a newer run will comment"
+        )
     for comment in _pages(f"{base}/issues/{number}/comments?per_page=100", token):
         if (comment.get("user") or {}).get("login") == author and marker in (comment.get("body") or ""):
             _request("PATCH", f"{base}/issues/comments/{comment['id']}", token, {"body": body})
@@ -337,8 +375,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     api = os.environ.get("GITHUB_API_URL", "https://api.github.com")
     try:
-        print(post_comment(api, args.repo, token, number, args.body_file.read_text(), args.head_sha, args.head_repo,
-                           marker=MARKERS[args.marker]))
+        print(
+            post_comment(
+                api,
+                args.repo,
+                token,
+                number,
+                args.body_file.read_text(),
+                args.head_sha,
+                args.head_repo,
+                marker=MARKERS[args.marker],
+            )
+        )
     except GitHubError as error:
         print(error, file=sys.stderr)
         return 1

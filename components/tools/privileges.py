@@ -79,16 +79,19 @@ PRIVILEGES: tuple[Privilege, ...] = (
     Privilege("Resource.AssignVMToPool", "Resource", "Assign virtual machine to resource pool"),
     Privilege("Host.Inventory.EditCluster", "Host > Inventory", "Modify cluster"),
     Privilege("VirtualMachine.Inventory.Create", "Virtual machine > Edit Inventory", "Create new"),
-    Privilege("VirtualMachine.Inventory.CreateFromExisting", "Virtual machine > Edit Inventory",
-              "Create from existing"),
+    Privilege(
+        "VirtualMachine.Inventory.CreateFromExisting", "Virtual machine > Edit Inventory", "Create from existing"
+    ),
     Privilege("VirtualMachine.Inventory.Delete", "Virtual machine > Edit Inventory", "Remove"),
     Privilege("VirtualMachine.Provisioning.DeployTemplate", "Virtual machine > Provisioning", "Deploy template"),
     Privilege("VirtualMachine.Provisioning.MarkAsTemplate", "Virtual machine > Provisioning", "Mark as template"),
     Privilege("VirtualMachine.Config.AddNewDisk", "Virtual machine > Change Configuration", "Add new disk"),
-    Privilege("VirtualMachine.Config.AddRemoveDevice", "Virtual machine > Change Configuration",
-              "Add or remove device"),
-    Privilege("VirtualMachine.Config.AdvancedConfig", "Virtual machine > Change Configuration",
-              "Advanced configuration"),
+    Privilege(
+        "VirtualMachine.Config.AddRemoveDevice", "Virtual machine > Change Configuration", "Add or remove device"
+    ),
+    Privilege(
+        "VirtualMachine.Config.AdvancedConfig", "Virtual machine > Change Configuration", "Advanced configuration"
+    ),
     Privilege("VirtualMachine.Config.Annotation", "Virtual machine > Change Configuration", "Set annotation"),
     Privilege("VirtualMachine.Config.CPUCount", "Virtual machine > Change Configuration", "Change CPU count"),
     Privilege("VirtualMachine.Config.DiskExtend", "Virtual machine > Change Configuration", "Extend virtual disk"),
@@ -97,8 +100,9 @@ PRIVILEGES: tuple[Privilege, ...] = (
     Privilege("VirtualMachine.Config.Rename", "Virtual machine > Change Configuration", "Rename"),
     Privilege("VirtualMachine.Config.Resource", "Virtual machine > Change Configuration", "Change resource"),
     Privilege("VirtualMachine.Config.Settings", "Virtual machine > Change Configuration", "Change Settings"),
-    Privilege("VirtualMachine.Config.SwapPlacement", "Virtual machine > Change Configuration",
-              "Change Swapfile placement"),
+    Privilege(
+        "VirtualMachine.Config.SwapPlacement", "Virtual machine > Change Configuration", "Change Swapfile placement"
+    ),
     Privilege("VirtualMachine.Interact.PowerOff", "Virtual machine > Interaction", "Power off"),
     Privilege("VirtualMachine.Interact.PowerOn", "Virtual machine > Interaction", "Power on"),
     Privilege("VirtualMachine.Interact.SetCDMedia", "Virtual machine > Interaction", "Configure CD media"),
@@ -144,8 +148,11 @@ ROLES: tuple[Role, ...] = (
             "VirtualMachine.Interact.SetCDMedia",
         ),
     ),
-    Role("labs-k8s-drs", "the DRS anti-affinity rules, on the one compute cluster", (*READ_ONLY,
-                                                                                   "Host.Inventory.EditCluster")),
+    Role(
+        "labs-k8s-drs",
+        "the DRS anti-affinity rules, on the one compute cluster",
+        (*READ_ONLY, "Host.Inventory.EditCluster"),
+    ),
 )
 
 # Inventory objects a role is granted on; the placeholders are the stack's labs-k8s:vsphere keys.
@@ -181,112 +188,291 @@ _TF = "terraform-provider-vsphere"
 
 API_CALLS: tuple[ApiCall, ...] = (
     # ------------------------------------------------------------------ sessions (everyone)
-    ApiCall("template, preflight, drills", "vim.SessionManager.Login", ("System.Anonymous",), "preview",
-            "pyVim.connect.SmartConnect in components/vsphere connect()"),
-    ApiCall("template, preflight, drills", "vim.SessionManager.Logout", ("System.View",), "preview",
-            "pyVim.connect.Disconnect in components/vsphere disconnect()"),
-    ApiCall("template, preflight, drills", "vim.ServiceInstance.RetrieveServiceContent", ("System.Anonymous",),
-            "preview", "si.RetrieveContent()"),
+    ApiCall(
+        "template, preflight, drills",
+        "vim.SessionManager.Login",
+        ("System.Anonymous",),
+        "preview",
+        "pyVim.connect.SmartConnect in components/vsphere connect()",
+    ),
+    ApiCall(
+        "template, preflight, drills",
+        "vim.SessionManager.Logout",
+        ("System.View",),
+        "preview",
+        "pyVim.connect.Disconnect in components/vsphere disconnect()",
+    ),
+    ApiCall(
+        "template, preflight, drills",
+        "vim.ServiceInstance.RetrieveServiceContent",
+        ("System.Anonymous",),
+        "preview",
+        "si.RetrieveContent()",
+    ),
     # ------------------------------------------------------------------ lookups and reads
-    ApiCall("template, preflight, drills", "vim.view.ViewManager.CreateContainerView", ("System.View",), "preview",
-            "_collect(): one PropertyCollector call over a container view, from the root folder for VM lookups"),
-    ApiCall("template, preflight, drills", "vim.view.View.DestroyView", ("System.View",), "preview",
-            "_collect() cleans its view up"),
-    ApiCall("template, preflight, drills", "vmodl.query.PropertyCollector.RetrievePropertiesEx",
-            ("System.Anonymous", "System.Read"), "preview",
-            "_collect(); each object's properties need System.Read on it"),
-    ApiCall("template, preflight, drills", "vmodl.query.PropertyCollector.ContinueRetrievePropertiesEx",
-            ("System.View", "System.Read"), "preview", "_collect() pages"),
-    ApiCall("template, preflight", "vim.SearchIndex.FindByInventoryPath", ("System.View",), "preview",
-            "find_datacenter(), _find_under(): paths from the root folder"),
-    ApiCall("template, preflight", "vim.SearchIndex.FindByUuid", ("System.View",), "preview",
-            "find_vm_by_uuid(): the template provider's read (refresh) and delete; preflight: does the "
-            "template a node's clone source keeps still exist"),
-    ApiCall("template, preflight", "vim.EnvironmentBrowser.QueryConfigOptionEx", ("System.View",), "preview",
-            "choose_guest_id(): which guest ids the cluster's hosts know (preflight reports it, the builder "
-            "uses it)"),
-    ApiCall("template", "vmodl.query.PropertyCollector.RetrieveContents", ("System.Anonymous", "System.Read"),
-            "up", "wait_for_task(): a task's state read field by field when its TaskInfo does not parse "
-            "(vcsim's FileManager tasks)"),
+    ApiCall(
+        "template, preflight, drills",
+        "vim.view.ViewManager.CreateContainerView",
+        ("System.View",),
+        "preview",
+        "_collect(): one PropertyCollector call over a container view, from the root folder for VM lookups",
+    ),
+    ApiCall(
+        "template, preflight, drills",
+        "vim.view.View.DestroyView",
+        ("System.View",),
+        "preview",
+        "_collect() cleans its view up",
+    ),
+    ApiCall(
+        "template, preflight, drills",
+        "vmodl.query.PropertyCollector.RetrievePropertiesEx",
+        ("System.Anonymous", "System.Read"),
+        "preview",
+        "_collect(); each object's properties need System.Read on it",
+    ),
+    ApiCall(
+        "template, preflight, drills",
+        "vmodl.query.PropertyCollector.ContinueRetrievePropertiesEx",
+        ("System.View", "System.Read"),
+        "preview",
+        "_collect() pages",
+    ),
+    ApiCall(
+        "template, preflight",
+        "vim.SearchIndex.FindByInventoryPath",
+        ("System.View",),
+        "preview",
+        "find_datacenter(), _find_under(): paths from the root folder",
+    ),
+    ApiCall(
+        "template, preflight",
+        "vim.SearchIndex.FindByUuid",
+        ("System.View",),
+        "preview",
+        "find_vm_by_uuid(): the template provider's read (refresh) and delete; preflight: does the "
+        "template a node's clone source keeps still exist",
+    ),
+    ApiCall(
+        "template, preflight",
+        "vim.EnvironmentBrowser.QueryConfigOptionEx",
+        ("System.View",),
+        "preview",
+        "choose_guest_id(): which guest ids the cluster's hosts know (preflight reports it, the builder uses it)",
+    ),
+    ApiCall(
+        "template",
+        "vmodl.query.PropertyCollector.RetrieveContents",
+        ("System.Anonymous", "System.Read"),
+        "up",
+        "wait_for_task(): a task's state read field by field when its TaskInfo does not parse "
+        "(vcsim's FileManager tasks)",
+    ),
     # ------------------------------------------------------------------ the golden template (pyvmomi)
-    ApiCall("template", "vim.FileManager.MakeDirectory", ("Datastore.FileManagement", "System.View"), "up",
-            f"make_datastore_dir() for the ISO; {_API}: MakeDirectory needs Datastore.FileManagement on the "
-            "datastore, System.View on the datacenter"),
-    ApiCall("template", "vim.FileManager.DeleteDatastoreFile_Task", ("Datastore.FileManagement", "System.View"),
-            "up", f"delete_datastore_file(): the install ISO once the template exists, and on delete; {_API}: "
-            "DeleteDatastoreFile_Task needs Datastore.FileManagement on the datastore"),
-    ApiCall("template", "vim.host.DatastoreBrowser.SearchDatastore_Task", ("Datastore.Browse",), "up",
-            f"remove_empty_datastore_dir(): is the stack's ISO directory empty once its ISO is gone; {_API}: "
-            "SearchDatastore_Task needs Datastore.Browse on the datastore"),
-    ApiCall("template", "HTTPS PUT /folder/<path>?dcPath=&dsName=", ("Datastore.FileManagement", "System.View"), "up",
-            "upload_to_datastore(): vCenter resolves dcPath from the root folder, then writes the file"),
-    ApiCall("template", "vim.Folder.CreateVM_Task",
-            ("VirtualMachine.Inventory.Create", "Resource.AssignVMToPool", "Datastore.AllocateSpace",
-             "Network.Assign", "VirtualMachine.Config.AdvancedConfig", "VirtualMachine.Config.AddNewDisk"), "up",
-            f"create_builder_vm(); {_API}, CreateVM_Task: Inventory.Create on the folder, AssignVMToPool on the "
-            "pool, AllocateSpace on the datastore, Network.Assign on the NIC's network, AdvancedConfig for "
-            "extraConfig (disk.EnableUUID, the stack tag); the eager-zeroed disk it creates (fileOperation "
-            "create) is a new disk"),
-    ApiCall("template", "vim.VirtualMachine.ReconfigVM_Task (add CD-ROM with the ISO)",
-            ("VirtualMachine.Config.AddRemoveDevice", "VirtualMachine.Interact.SetCDMedia", "Datastore.Browse"), "up",
-            "attach_iso(): a new CD-ROM backed by the installer ISO on the datastore"),
-    ApiCall("template", "vim.VirtualMachine.PowerOnVM_Task", ("VirtualMachine.Interact.PowerOn",), "up",
-            "the builder VM boots the installer"),
-    ApiCall("template, drills", "vim.VirtualMachine.PowerOffVM_Task", ("VirtualMachine.Interact.PowerOff",), "up",
-            "destroy_vm() of a running builder VM; the drills' power-off"),
-    ApiCall("template", "vim.VirtualMachine.ReconfigVM_Task (remove CD-ROM)",
-            ("VirtualMachine.Config.AddRemoveDevice",), "up", "detach_iso(remove_device=True) before the seal"),
-    ApiCall("template", "vim.VirtualMachine.MarkAsTemplate", ("VirtualMachine.Provisioning.MarkAsTemplate",), "up",
-            "mark_as_template()"),
-    ApiCall("template", "vim.ManagedEntity.Destroy_Task", ("VirtualMachine.Inventory.Delete",), "up",
-            f"destroy_vm(): template delete, leftover builder VM; {_API}: Destroy_Task on a VM needs "
-            "VirtualMachine.Inventory.Delete"),
-    ApiCall("drills", "vim.VirtualMachine.PowerOnVM_Task (drills)", ("VirtualMachine.Interact.PowerOn",), "up",
-            "components/tools/drills: a drill powers a node back on"),
+    ApiCall(
+        "template",
+        "vim.FileManager.MakeDirectory",
+        ("Datastore.FileManagement", "System.View"),
+        "up",
+        f"make_datastore_dir() for the ISO; {_API}: MakeDirectory needs Datastore.FileManagement on the "
+        "datastore, System.View on the datacenter",
+    ),
+    ApiCall(
+        "template",
+        "vim.FileManager.DeleteDatastoreFile_Task",
+        ("Datastore.FileManagement", "System.View"),
+        "up",
+        f"delete_datastore_file(): the install ISO once the template exists, and on delete; {_API}: "
+        "DeleteDatastoreFile_Task needs Datastore.FileManagement on the datastore",
+    ),
+    ApiCall(
+        "template",
+        "vim.host.DatastoreBrowser.SearchDatastore_Task",
+        ("Datastore.Browse",),
+        "up",
+        f"remove_empty_datastore_dir(): is the stack's ISO directory empty once its ISO is gone; {_API}: "
+        "SearchDatastore_Task needs Datastore.Browse on the datastore",
+    ),
+    ApiCall(
+        "template",
+        "HTTPS PUT /folder/<path>?dcPath=&dsName=",
+        ("Datastore.FileManagement", "System.View"),
+        "up",
+        "upload_to_datastore(): vCenter resolves dcPath from the root folder, then writes the file",
+    ),
+    ApiCall(
+        "template",
+        "vim.Folder.CreateVM_Task",
+        (
+            "VirtualMachine.Inventory.Create",
+            "Resource.AssignVMToPool",
+            "Datastore.AllocateSpace",
+            "Network.Assign",
+            "VirtualMachine.Config.AdvancedConfig",
+            "VirtualMachine.Config.AddNewDisk",
+        ),
+        "up",
+        f"create_builder_vm(); {_API}, CreateVM_Task: Inventory.Create on the folder, AssignVMToPool on the "
+        "pool, AllocateSpace on the datastore, Network.Assign on the NIC's network, AdvancedConfig for "
+        "extraConfig (disk.EnableUUID, the stack tag); the eager-zeroed disk it creates (fileOperation "
+        "create) is a new disk",
+    ),
+    ApiCall(
+        "template",
+        "vim.VirtualMachine.ReconfigVM_Task (add CD-ROM with the ISO)",
+        ("VirtualMachine.Config.AddRemoveDevice", "VirtualMachine.Interact.SetCDMedia", "Datastore.Browse"),
+        "up",
+        "attach_iso(): a new CD-ROM backed by the installer ISO on the datastore",
+    ),
+    ApiCall(
+        "template",
+        "vim.VirtualMachine.PowerOnVM_Task",
+        ("VirtualMachine.Interact.PowerOn",),
+        "up",
+        "the builder VM boots the installer",
+    ),
+    ApiCall(
+        "template, drills",
+        "vim.VirtualMachine.PowerOffVM_Task",
+        ("VirtualMachine.Interact.PowerOff",),
+        "up",
+        "destroy_vm() of a running builder VM; the drills' power-off",
+    ),
+    ApiCall(
+        "template",
+        "vim.VirtualMachine.ReconfigVM_Task (remove CD-ROM)",
+        ("VirtualMachine.Config.AddRemoveDevice",),
+        "up",
+        "detach_iso(remove_device=True) before the seal",
+    ),
+    ApiCall(
+        "template",
+        "vim.VirtualMachine.MarkAsTemplate",
+        ("VirtualMachine.Provisioning.MarkAsTemplate",),
+        "up",
+        "mark_as_template()",
+    ),
+    ApiCall(
+        "template",
+        "vim.ManagedEntity.Destroy_Task",
+        ("VirtualMachine.Inventory.Delete",),
+        "up",
+        f"destroy_vm(): template delete, leftover builder VM; {_API}: Destroy_Task on a VM needs "
+        "VirtualMachine.Inventory.Delete",
+    ),
+    ApiCall(
+        "drills",
+        "vim.VirtualMachine.PowerOnVM_Task (drills)",
+        ("VirtualMachine.Interact.PowerOn",),
+        "up",
+        "components/tools/drills: a drill powers a node back on",
+    ),
     # ------------------------------------------------------------------ the vSphere provider
-    ApiCall("provider: configure", "vim.SessionManager.Login + vAPI session + pbm.NewClient", ("System.Anonymous",),
-            "preview", f"{_TF} vsphere/config.go Client(): SOAP login, REST session (tags), PBM client"),
-    ApiCall("provider: data sources", "getDatacenter, getComputeCluster, getDatastore, getNetwork, getResourcePool",
-            ("System.View", "System.Read"), "preview",
-            f"{_TF} find.Finder from the root folder (vsphere/internal/helper/*: FromPath/FromID)"),
-    ApiCall("provider: VirtualMachine read", "PropertyCollector (VM config, runtime, devices)",
-            ("System.Read",), "preview", f"{_TF} resourceVSphereVirtualMachineRead"),
-    ApiCall("provider: VirtualMachine read", "pbm.PbmQueryAssociatedProfile (VM and each disk)",
-            ("StorageProfile.View",), "preview",
-            f"{_TF} spbm.PolicyIDByVirtualMachine / PolicyIDByVirtualDisk, after every clone and on every "
-            "read (hashicorp/terraform-provider-vsphere#1216, #1404); its docs/index.md asks for "
-            "StorageProfile.View"),
-    ApiCall("provider: VirtualMachine create", "vim.VirtualMachine.CloneVM_Task (from the template)",
-            ("VirtualMachine.Provisioning.DeployTemplate", "VirtualMachine.Inventory.CreateFromExisting",
-             "Resource.AssignVMToPool", "Datastore.AllocateSpace"), "up",
-            f"{_TF} vmworkflow.ExpandVirtualMachineCloneSpec + virtualmachine.Clone; {_API}, CloneVM_Task: "
-            "a template source needs DeployTemplate (not Clone, not CloneTemplate), CreateFromExisting on the "
-            "folder, AssignVMToPool on the pool, AllocateSpace on the datastore"),
-    ApiCall("provider: VirtualMachine create/update", "vim.VirtualMachine.ReconfigVM_Task (post-clone config)",
-            ("VirtualMachine.Config.CPUCount", "VirtualMachine.Config.Memory", "VirtualMachine.Config.Settings",
-             "VirtualMachine.Config.Resource", "VirtualMachine.Config.AdvancedConfig",
-             "VirtualMachine.Config.Annotation", "VirtualMachine.Config.Rename",
-             "VirtualMachine.Config.SwapPlacement"), "up",
-            f"{_TF} resourceVSphereVirtualMachinePostDeployChanges -> expandVirtualMachineConfigSpec sends name, "
-            "numCPUs, memoryMB, guestId/flags/tools/bootOptions/firmware (Settings), cpuAllocation and "
-            "memoryAllocation (Resource), extraConfig (guestinfo: AdvancedConfig), annotation, swapPlacement "
-            "(its docs/index.md asks for SwapPlacement) on every create and update"),
-    ApiCall("provider: VirtualMachine create/update", "vim.VirtualMachine.ReconfigVM_Task (disks and NIC)",
-            ("VirtualMachine.Config.EditDevice", "VirtualMachine.Config.AddNewDisk",
-             "VirtualMachine.Config.DiskExtend", "Datastore.AllocateSpace", "Network.Assign"), "up",
-            f"{_TF} DiskPostCloneOperation (the data disk is new; growing labs-k8s:nodes.<role>.dataDiskGib on "
-            "a running node extends it in place), NetworkInterfacePostCloneOperation (the NIC's port group)"),
-    ApiCall("provider: VirtualMachine create/update", "vim.VirtualMachine.PowerOnVM_Task / ShutdownGuest",
-            ("VirtualMachine.Interact.PowerOn", "VirtualMachine.Interact.PowerOff"), "up",
-            f"{_TF} powers the clone on; a change that needs a reboot shuts the guest down and powers it on"),
-    ApiCall("provider: VirtualMachine delete", "vim.VirtualMachine.PowerOffVM_Task + Destroy_Task",
-            ("VirtualMachine.Interact.PowerOff", "VirtualMachine.Inventory.Delete"), "up",
-            f"{_TF} resourceVSphereVirtualMachineDelete"),
-    ApiCall("provider: ComputeClusterVmAntiAffinityRule", "vim.ComputeResource.ReconfigureComputeResource_Task",
-            ("Host.Inventory.EditCluster",), "up",
-            f"{_TF} resource_vsphere_compute_cluster_vm_anti_affinity_rule.go (rulesSpec add/edit/remove)"),
-    ApiCall("provider: ComputeClusterVmAntiAffinityRule read", "cluster configurationEx.rule",
-            ("System.Read",), "preview", f"{_TF} resourceVSphereComputeClusterVMAntiAffinityRuleRead"),
+    ApiCall(
+        "provider: configure",
+        "vim.SessionManager.Login + vAPI session + pbm.NewClient",
+        ("System.Anonymous",),
+        "preview",
+        f"{_TF} vsphere/config.go Client(): SOAP login, REST session (tags), PBM client",
+    ),
+    ApiCall(
+        "provider: data sources",
+        "getDatacenter, getComputeCluster, getDatastore, getNetwork, getResourcePool",
+        ("System.View", "System.Read"),
+        "preview",
+        f"{_TF} find.Finder from the root folder (vsphere/internal/helper/*: FromPath/FromID)",
+    ),
+    ApiCall(
+        "provider: VirtualMachine read",
+        "PropertyCollector (VM config, runtime, devices)",
+        ("System.Read",),
+        "preview",
+        f"{_TF} resourceVSphereVirtualMachineRead",
+    ),
+    ApiCall(
+        "provider: VirtualMachine read",
+        "pbm.PbmQueryAssociatedProfile (VM and each disk)",
+        ("StorageProfile.View",),
+        "preview",
+        f"{_TF} spbm.PolicyIDByVirtualMachine / PolicyIDByVirtualDisk, after every clone and on every "
+        "read (hashicorp/terraform-provider-vsphere#1216, #1404); its docs/index.md asks for "
+        "StorageProfile.View",
+    ),
+    ApiCall(
+        "provider: VirtualMachine create",
+        "vim.VirtualMachine.CloneVM_Task (from the template)",
+        (
+            "VirtualMachine.Provisioning.DeployTemplate",
+            "VirtualMachine.Inventory.CreateFromExisting",
+            "Resource.AssignVMToPool",
+            "Datastore.AllocateSpace",
+        ),
+        "up",
+        f"{_TF} vmworkflow.ExpandVirtualMachineCloneSpec + virtualmachine.Clone; {_API}, CloneVM_Task: "
+        "a template source needs DeployTemplate (not Clone, not CloneTemplate), CreateFromExisting on the "
+        "folder, AssignVMToPool on the pool, AllocateSpace on the datastore",
+    ),
+    ApiCall(
+        "provider: VirtualMachine create/update",
+        "vim.VirtualMachine.ReconfigVM_Task (post-clone config)",
+        (
+            "VirtualMachine.Config.CPUCount",
+            "VirtualMachine.Config.Memory",
+            "VirtualMachine.Config.Settings",
+            "VirtualMachine.Config.Resource",
+            "VirtualMachine.Config.AdvancedConfig",
+            "VirtualMachine.Config.Annotation",
+            "VirtualMachine.Config.Rename",
+            "VirtualMachine.Config.SwapPlacement",
+        ),
+        "up",
+        f"{_TF} resourceVSphereVirtualMachinePostDeployChanges -> expandVirtualMachineConfigSpec sends name, "
+        "numCPUs, memoryMB, guestId/flags/tools/bootOptions/firmware (Settings), cpuAllocation and "
+        "memoryAllocation (Resource), extraConfig (guestinfo: AdvancedConfig), annotation, swapPlacement "
+        "(its docs/index.md asks for SwapPlacement) on every create and update",
+    ),
+    ApiCall(
+        "provider: VirtualMachine create/update",
+        "vim.VirtualMachine.ReconfigVM_Task (disks and NIC)",
+        (
+            "VirtualMachine.Config.EditDevice",
+            "VirtualMachine.Config.AddNewDisk",
+            "VirtualMachine.Config.DiskExtend",
+            "Datastore.AllocateSpace",
+            "Network.Assign",
+        ),
+        "up",
+        f"{_TF} DiskPostCloneOperation (the data disk is new; growing labs-k8s:nodes.<role>.dataDiskGib on "
+        "a running node extends it in place), NetworkInterfacePostCloneOperation (the NIC's port group)",
+    ),
+    ApiCall(
+        "provider: VirtualMachine create/update",
+        "vim.VirtualMachine.PowerOnVM_Task / ShutdownGuest",
+        ("VirtualMachine.Interact.PowerOn", "VirtualMachine.Interact.PowerOff"),
+        "up",
+        f"{_TF} powers the clone on; a change that needs a reboot shuts the guest down and powers it on",
+    ),
+    ApiCall(
+        "provider: VirtualMachine delete",
+        "vim.VirtualMachine.PowerOffVM_Task + Destroy_Task",
+        ("VirtualMachine.Interact.PowerOff", "VirtualMachine.Inventory.Delete"),
+        "up",
+        f"{_TF} resourceVSphereVirtualMachineDelete",
+    ),
+    ApiCall(
+        "provider: ComputeClusterVmAntiAffinityRule",
+        "vim.ComputeResource.ReconfigureComputeResource_Task",
+        ("Host.Inventory.EditCluster",),
+        "up",
+        f"{_TF} resource_vsphere_compute_cluster_vm_anti_affinity_rule.go (rulesSpec add/edit/remove)",
+    ),
+    ApiCall(
+        "provider: ComputeClusterVmAntiAffinityRule read",
+        "cluster configurationEx.rule",
+        ("System.Read",),
+        "preview",
+        f"{_TF} resourceVSphereComputeClusterVMAntiAffinityRuleRead",
+    ),
 )
 
 # Privileges this project does NOT ask for, with why, so a reviewer does not add them back.
@@ -296,8 +482,11 @@ NOT_NEEDED: tuple[tuple[str, str], ...] = (
     ("VirtualMachine.Config.ChangeTracking", "Toggle disk change tracking: never set"),
     ("Datastore.UpdateVirtualMachineFiles", "Update virtual machine files: no VM files are re-registered"),
     ("VirtualMachine.Interact.DeviceConnection", "Connect devices: no device is connected on a running VM"),
-    ("VirtualMachine.Config.RemoveDisk", "Remove disk: removing a node's data disk (dataDiskGib -> 0) is refused "
-     "by vCenter on purpose; replace the node instead"),
+    (
+        "VirtualMachine.Config.RemoveDisk",
+        "Remove disk: removing a node's data disk (dataDiskGib -> 0) is refused "
+        "by vCenter on purpose; replace the node instead",
+    ),
     ("Host.Inventory.EditCluster on the datacenter", "Modify cluster is granted on the lab's cluster only"),
 )
 
@@ -335,12 +524,14 @@ def render_privilege_table(phase: Phase) -> str:
     for item in PRIVILEGES:
         if item.id not in wanted or item.id in READ_ONLY:
             continue
-        users = sorted({c.caller for c in API_CALLS if item.id in c.privileges
-                        and (phase == "up" or c.phase == "preview")})
+        users = sorted(
+            {c.caller for c in API_CALLS if item.id in c.privileges and (phase == "up" or c.phase == "preview")}
+        )
         roles = ", ".join(r for r in _roles_of(item.id) if r in names)
         rows.append(f"| {item.group} > {item.name} | `{item.id}` | {roles} | {'; '.join(users)} |")
-    rows.append("| (every role) | `System.Anonymous`, `System.View`, `System.Read` | all | "
-                "logins, lookups, property reads |")
+    rows.append(
+        "| (every role) | `System.Anonymous`, `System.View`, `System.Read` | all | logins, lookups, property reads |"
+    )
     return "\n".join(rows)
 
 

@@ -95,8 +95,11 @@ def write_render(run: OfflineRun, artifacts: dict[str, dict[str, str]], out: Pat
             path = out / "hosts" / folder / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-    notes = ["Rendered offline by `python -m components render`: nothing here was sent anywhere.", "",
-             "Secrets are `[secret]` in plan.json. Generated secrets are placeholders in the files:"]
+    notes = [
+        "Rendered offline by `python -m components render`: nothing here was sent anywhere.",
+        "",
+        "Secrets are `[secret]` in plan.json. Generated secrets are placeholders in the files:",
+    ]
     notes += [f"  {what}: {value}" for what, value in PLACEHOLDERS.items()]
     (out / "README.txt").write_text("\n".join(notes) + "\n")
 

@@ -144,8 +144,12 @@ def repository_root(start: Path) -> Path:
 
 
 def resolve_commit(repo: Path, ref: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         raise DiffError(f"--against {ref}: no such commit in {repo} (fetch it first, e.g. `git fetch origin main`)")
     return proc.stdout.strip()
@@ -153,8 +157,9 @@ def resolve_commit(repo: Path, ref: str) -> str:
 
 def export_commit(repo: Path, commit: str, dest: Path) -> None:
     """The commit's tree, as `git archive` gives it: no .git, nothing untracked."""
-    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit],
-                             capture_output=True, check=False)
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", commit], capture_output=True, check=False
+    )
     if archive.returncode != 0:
         raise DiffError(f"git archive {commit}: {archive.stderr.decode(errors='replace').strip()}")
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
@@ -210,12 +215,17 @@ def side_python(checkout: Path, label: str) -> str:
     python = venv / "bin" / "python"
     if (venv / ".complete").is_file():
         return str(python)
-    print(f"diff: the {label} pins other packages than this interpreter has ({'; '.join(mismatches[:3])}"
-          f"{'; ...' if len(mismatches) > 3 else ''}): installing them into {venv}", file=sys.stderr)
+    print(
+        f"diff: the {label} pins other packages than this interpreter has ({'; '.join(mismatches[:3])}"
+        f"{'; ...' if len(mismatches) > 3 else ''}): installing them into {venv}",
+        file=sys.stderr,
+    )
     shutil.rmtree(venv, ignore_errors=True)
     pip_env = {**os.environ, "PIP_CONFIG_FILE": "/dev/null", "PIP_FIND_LINKS": ""}
-    for command in ([sys.executable, "-m", "venv", str(venv)],
-                    [str(python), "-m", "pip", "install", "-q", "--require-hashes", "-r", str(requirements)]):
+    for command in (
+        [sys.executable, "-m", "venv", str(venv)],
+        [str(python), "-m", "pip", "install", "-q", "--require-hashes", "-r", str(requirements)],
+    ):
         proc = subprocess.run(command, env=pip_env, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise DiffError(f"the {label}'s requirements.txt does not install: {proc.stderr.strip()[-2000:]}")
@@ -236,12 +246,26 @@ def render_side(side: Side, checkout: Path, stack: str, out: Path, key_file: Pat
         side.stack_file = False  # the stack is new (or gone) on this side: nothing renders
         return
     command = [side_python(checkout, side.label), "-m", "components", "render", "--stack", stack, "--out", str(out)]
-    proc = subprocess.run([*command, "--fingerprint-key", str(key_file)], cwd=checkout, env=_render_env(),
-                          capture_output=True, text=True, timeout=RENDER_TIMEOUT_SECONDS, check=False)
+    proc = subprocess.run(
+        [*command, "--fingerprint-key", str(key_file)],
+        cwd=checkout,
+        env=_render_env(),
+        capture_output=True,
+        text=True,
+        timeout=RENDER_TIMEOUT_SECONDS,
+        check=False,
+    )
     if proc.returncode == 2 and "unrecognized arguments: --fingerprint-key" in proc.stderr:
         # Older code renders files but cannot fingerprint secrets for the resource summary.
-        proc = subprocess.run(command, cwd=checkout, env=_render_env(), capture_output=True, text=True,
-                              timeout=RENDER_TIMEOUT_SECONDS, check=False)
+        proc = subprocess.run(
+            command,
+            cwd=checkout,
+            env=_render_env(),
+            capture_output=True,
+            text=True,
+            timeout=RENDER_TIMEOUT_SECONDS,
+            check=False,
+        )
     if proc.returncode != 0:
         detail = proc.stderr.strip() or proc.stdout.strip() or f"exit status {proc.returncode}"
         raise DiffError(f"the {side.label} ({side.title}) does not render:\n{detail[-4000:]}")
@@ -252,8 +276,10 @@ def rendered_files(render_dir: Path) -> dict[tuple[str, str], str]:
     if not hosts.is_dir():
         return {}
     return {
-        (path.relative_to(hosts).parts[0], str(path.relative_to(hosts / path.relative_to(hosts).parts[0]))):
-            path.read_text()
+        (
+            path.relative_to(hosts).parts[0],
+            str(path.relative_to(hosts / path.relative_to(hosts).parts[0])),
+        ): path.read_text()
         for path in sorted(hosts.rglob("*"))
         if path.is_file()
     }
@@ -261,7 +287,8 @@ def rendered_files(render_dir: Path) -> dict[tuple[str, str], str]:
 
 _SECRET_VALUES = re.compile(
     # Whole values only: the certificate key's zeros also occur inside the (public) CA hash.
-    r"(?<![\w:])(" + "|".join(re.escape(v) for v in sorted(SECRET_PLACEHOLDERS.values(), key=len, reverse=True))
+    r"(?<![\w:])("
+    + "|".join(re.escape(v) for v in sorted(SECRET_PLACEHOLDERS.values(), key=len, reverse=True))
     + r")(?!\w)"
 )
 
@@ -275,8 +302,9 @@ def unified_diff(before: str | None, after: str | None, name: str) -> str:
     """git-style: a/ and b/ prefixes, /dev/null for a file that is added or removed."""
     old = (before or "").splitlines(keepends=True)
     new = (after or "").splitlines(keepends=True)
-    lines = difflib.unified_diff(old, new, f"a/{name}" if before is not None else "/dev/null",
-                                 f"b/{name}" if after is not None else "/dev/null")
+    lines = difflib.unified_diff(
+        old, new, f"a/{name}" if before is not None else "/dev/null", f"b/{name}" if after is not None else "/dev/null"
+    )
     out = []
     for line in lines:
         out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
@@ -324,8 +352,19 @@ def resource_changes(base_render: Path, head_render: Path, base: Side, head: Sid
         registration = (after if effect.action != "delete" else before).registrations.get(effect.urn)
         order, kind = when.get(effect.name, (0, effect.action))
         label = changes._SHORT_TYPES.get(effect.type, effect.type)  # the runbook table's words
-        result.append(ResourceChange(order, kind, effect.action, effect.name, effect.type, label, list(effect.inputs),
-                                     _secret_inputs(registration, effect.inputs), effect.cause))
+        result.append(
+            ResourceChange(
+                order,
+                kind,
+                effect.action,
+                effect.name,
+                effect.type,
+                label,
+                list(effect.inputs),
+                _secret_inputs(registration, effect.inputs),
+                effect.cause,
+            )
+        )
     return result
 
 
@@ -365,12 +404,14 @@ _ACTION_WORDS = {"create": "to create", "update": "to update", "replace": "to re
 
 
 def resource_summary(report: Report) -> str:
-    """"2 to replace, 1 to update" (or why there is no summary)."""
+    """ "2 to replace, 1 to update" (or why there is no summary)."""
     if report.resources is None:
         return "not compared: a side's code cannot record its run (it predates `render --fingerprint-key`)"
     counts = report.counts()
-    return ", ".join(f"{counts[a]} {_ACTION_WORDS[a]}" for a in ("create", "replace", "update", "delete")
-                     if counts[a]) or "no change"
+    return (
+        ", ".join(f"{counts[a]} {_ACTION_WORDS[a]}" for a in ("create", "replace", "update", "delete") if counts[a])
+        or "no change"
+    )
 
 
 def _inputs_text(change: ResourceChange) -> str:
@@ -396,15 +437,19 @@ def report_text(report: Report) -> str:
         kind_width = max(len(r.kind) for r in report.resources)
         for change in report.resources:
             because = f"  because {change.cause}" if change.cause != "inputs" else ""
-            lines.append(f"  {change.step:>2}  {change.kind:<{kind_width}}  {change.name:<{name_width}}  "
-                         f"{_inputs_text(change)}{because}".rstrip())
+            lines.append(
+                f"  {change.step:>2}  {change.kind:<{kind_width}}  {change.name:<{name_width}}  "
+                f"{_inputs_text(change)}{because}".rstrip()
+            )
     lines.append("")
     if not report.files:
         lines.append("Files: no rendered file changes")
         return "\n".join(lines) + "\n"
     hosts = sorted({f.host for f in report.files})
-    lines.append(f"Files: {len(report.files)} changed on {len(hosts)} "
-                 f"{'host' if len(hosts) == 1 else 'hosts'} (a = {report.base.label}, b = {report.head.label})")
+    lines.append(
+        f"Files: {len(report.files)} changed on {len(hosts)} "
+        f"{'host' if len(hosts) == 1 else 'hosts'} (a = {report.base.label}, b = {report.head.label})"
+    )
     width = max(len(h) for h in hosts)
     lines += [f"  {f.host:<{width}}  {f.status:<8}  {f.path}" for f in report.files]
     lines.append("")

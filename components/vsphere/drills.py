@@ -19,4 +19,3 @@ def vm_guest_ips(vm: vim.VirtualMachine) -> set[str]:
     if guest is None:
         return set()
     return vm_ips({"guest.ipAddress": guest.ipAddress, "guest.net": guest.net})
-

@@ -145,8 +145,11 @@ def _check_drs(report: PreflightReport, spec: PreflightSpec, cluster: vim.Cluste
         # The rules need the VMs' ids, so they are made after the clones are placed and powered on,
         # and a replaced node is placed while its rule is deleted and remade: only a DRS that
         # migrates by itself moves rule members apart afterwards.
-        what = ("only makes recommendations that someone must apply" if behavior == "manual"
-                else "places VMs at power-on but never migrates them")
+        what = (
+            "only makes recommendations that someone must apply"
+            if behavior == "manual"
+            else "places VMs at power-on but never migrates them"
+        )
         report.warn(
             "drs",
             f"DRS on cluster {cluster.name!r} is {behavior}: it {what}. The anti-affinity rules "
@@ -187,7 +190,7 @@ def rule_violations(cluster: vim.ClusterComputeResource, names: set[str]) -> lis
             f"anti-affinity rule {rule.name!r} is violated"
             + (f": {where}" if where else f" (vCenter: not in compliance; VMs {', '.join(n for n, _ in members)})")
             + ". One host failure takes all of them. Let DRS fix it (fully automated), or vMotion one of them "
-            "to another host (docs/runbook.md, \"Host maintenance\")"
+            'to another host (docs/runbook.md, "Host maintenance")'
         )
     return found
 
@@ -224,7 +227,7 @@ def _check_hosts(report: PreflightReport, spec: PreflightSpec, cluster: vim.Clus
                 f"{hosts} connected hosts of cluster {cluster.name!r}: while one host is down or in maintenance "
                 "mode, no host is left for its member, so DRS cannot evacuate a host for maintenance mode, a "
                 "manual vMotion to an occupied host is refused, and a member cannot be powered on. Follow "
-                "docs/runbook.md \"Host maintenance\" for each maintenance, add a host, or make the rule "
+                'docs/runbook.md "Host maintenance" for each maintenance, add a host, or make the rule '
                 "preferred (labs-k8s:antiAffinity)",
             )
         if count <= hosts:
@@ -273,8 +276,7 @@ def _check_datastore(
     report.datastore_free_bytes = int(summary.freeSpace)
     if summary.freeSpace < required:
         existing = (
-            f"; the stack's VMs that exist already ({', '.join(sorted(held))}) are not counted again"
-            if held else ""
+            f"; the stack's VMs that exist already ({', '.join(sorted(held))}) are not counted again" if held else ""
         )
         report.error(
             "datastore",
@@ -329,8 +331,7 @@ def _nfs_without_acceleration(datastore: vim.Datastore, hosts: list[tuple[Any, d
         except vmodl.MethodFault:  # a host that cannot say counts as one without acceleration
             volumes = []
         status = next(
-            (str(info.vStorageSupport) for info in volumes
-             if getattr(info.volume, "name", None) == datastore.name),
+            (str(info.vStorageSupport) for info in volumes if getattr(info.volume, "name", None) == datastore.name),
             "vStorageUnknown",
         )
         if status != "vStorageSupported":
@@ -355,7 +356,7 @@ def _check_datastore_type(
     capability = datastore.capability
     fix = (
         f"Set {DATASTORE_KEY} to a VMFS datastore, or an NFS datastore with hardware acceleration "
-        "(the storage vendor's VAAI-NAS plug-in) on every host (docs/template.md, \"Storage\")"
+        '(the storage vendor\'s VAAI-NAS plug-in) on every host (docs/template.md, "Storage")'
     )
     if kind == "vsan" or (capability is not None and capability.topLevelDirectoryCreateSupported is False):
         report.error(

@@ -142,8 +142,9 @@ def parse_server(value: str) -> ServerAddress:
     if not text.strip():
         raise VSphereError(f"vsphere:vsphereServer is empty; {fix}")
     if text != text.strip():
-        raise VSphereError(f"vsphere:vsphereServer {value!r} has spaces around it, which the vsphere provider "
-                           f"refuses; {fix}")
+        raise VSphereError(
+            f"vsphere:vsphereServer {value!r} has spaces around it, which the vsphere provider refuses; {fix}"
+        )
     if "://" in text or "/" in text:
         raise VSphereError(f"vsphere:vsphereServer {value!r} is a URL; {fix}")
     host, port = text, ""
@@ -155,8 +156,10 @@ def parse_server(value: str) -> ServerAddress:
     elif text.count(":") == 1:
         host, _, port = text.partition(":")
     elif ":" in text:
-        raise VSphereError(f"vsphere:vsphereServer {value!r} is an IPv6 address without brackets, which the "
-                           f"vsphere provider reads as host:port; write it as [{text}] (or [{text}]:443)")
+        raise VSphereError(
+            f"vsphere:vsphereServer {value!r} is an IPv6 address without brackets, which the "
+            f"vsphere provider reads as host:port; write it as [{text}] (or [{text}]:443)"
+        )
     if not host:
         raise VSphereError(f"vsphere:vsphereServer {value!r} has no host; {fix}")
     if port == "" and not text.endswith(":"):
@@ -191,9 +194,11 @@ def _task_state(task: vim.Task) -> tuple[Any, Any, Any]:
         collector = vim.ServiceInstance("ServiceInstance", task._stub).RetrieveContent().propertyCollector
         spec = vmodl.query.PropertyCollector.FilterSpec(
             objectSet=[vmodl.query.PropertyCollector.ObjectSpec(obj=task)],
-            propSet=[vmodl.query.PropertyCollector.PropertySpec(
-                type=vim.Task, pathSet=["info.state", "info.error", "info.result"]
-            )],
+            propSet=[
+                vmodl.query.PropertyCollector.PropertySpec(
+                    type=vim.Task, pathSet=["info.state", "info.error", "info.result"]
+                )
+            ],
         )
         fields = {p.name: p.val for o in collector.RetrieveContents([spec]) for p in o.propSet}
         return fields.get("info.state"), fields.get("info.error"), fields.get("info.result")

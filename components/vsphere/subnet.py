@@ -50,7 +50,7 @@ def subnet_warning(addresses: Mapping[str, str], network: str, cidr: str) -> str
         "if that is not the port group's subnet, the nodes' static addresses will not answer and the lab "
         "fails at its first readiness step, 30-45 minutes in. Set labs-k8s:network.cidr, network.gateway, "
         "the node addresses and loadBalancer.vip to that port group's subnet (README, \"What to change for "
-        "your site\")"
+        'your site")'
     )
 
 

@@ -398,7 +398,8 @@ def verify_template_hardware(vm: vim.VirtualMachine) -> list[HardwareProblem]:
             dev, vim.vm.device.ParaVirtualSCSIController
         ):
             problems.append(
-                HardwareProblem(f"{_device_name(dev)} is {_type_name(dev)}, not VMware Paravirtual (PVSCSI)"))
+                HardwareProblem(f"{_device_name(dev)} is {_type_name(dev)}, not VMware Paravirtual (PVSCSI)")
+            )
     disks = [d for d in devices if isinstance(d, vim.vm.device.VirtualDisk)]
     if not disks:
         problems.append(HardwareProblem("no virtual disk"))
@@ -411,14 +412,17 @@ def verify_template_hardware(vm: vim.VirtualMachine) -> list[HardwareProblem]:
         backing = disk.backing
         if not isinstance(backing, vim.vm.device.VirtualDisk.FlatVer2BackingInfo):
             problems.append(
-                HardwareProblem.of_datastore(f"{name} has backing {_type_name(backing)}, not a flat thick disk"))
+                HardwareProblem.of_datastore(f"{name} has backing {_type_name(backing)}, not a flat thick disk")
+            )
             continue
         if backing.thinProvisioned is not False:
-            problems.append(HardwareProblem.of_datastore(
-                f"{name} is thin provisioned; it must be thick provisioned eager-zeroed"))
+            problems.append(
+                HardwareProblem.of_datastore(f"{name} is thin provisioned; it must be thick provisioned eager-zeroed")
+            )
         if backing.eagerlyScrub is not True:
-            problems.append(HardwareProblem.of_datastore(
-                f"{name} is not eager-zeroed (eagerlyScrub is {backing.eagerlyScrub})"))
+            problems.append(
+                HardwareProblem.of_datastore(f"{name} is not eager-zeroed (eagerlyScrub is {backing.eagerlyScrub})")
+            )
     nics = [d for d in devices if isinstance(d, vim.vm.device.VirtualEthernetCard)]
     if not nics:
         problems.append(HardwareProblem("no network adapter"))
@@ -431,6 +435,7 @@ def verify_template_hardware(vm: vim.VirtualMachine) -> list[HardwareProblem]:
         problems.append(HardwareProblem("extraConfig disk.EnableUUID is not TRUE (the vSphere CSI driver needs it)"))
     for cdrom in _cdroms(vm):
         if isinstance(cdrom.backing, vim.vm.device.VirtualCdrom.IsoBackingInfo) and cdrom.backing.fileName:
-            problems.append(HardwareProblem(
-                f"{_device_name(cdrom)} still has ISO {cdrom.backing.fileName}: clones would boot it"))
+            problems.append(
+                HardwareProblem(f"{_device_name(cdrom)} still has ISO {cdrom.backing.fileName}: clones would boot it")
+            )
     return problems

@@ -200,7 +200,6 @@ def parse_etcd_status(member_list: str, health: str, status: str) -> EtcdStatus:
     return EtcdStatus(members=members, healthy=healthy, leaders=leaders, leader_ip=leader_ip)
 
 
-
 # --------------------------------------------------------------------------- kubectl
 
 

@@ -276,9 +276,7 @@ class Drill:
 
     # ------------------------------------------------------------------ waiting
 
-    def wait_for(
-        self, what: str, check: Callable[[], bool], limit_s: float, since: float | None = None
-    ) -> float:
+    def wait_for(self, what: str, check: Callable[[], bool], limit_s: float, since: float | None = None) -> float:
         """Poll ``check`` until True; return seconds since ``since`` (default: now).
 
         The deadline is ``since + limit_s``; missing it raises DrillFailed. A ClusterError from
@@ -365,9 +363,7 @@ class Drill:
             try:
                 self.delete_deployment()
             except Exception as exc:
-                self.restore_problems.append(
-                    f"kubectl -n default delete deployment labs-k8s-drill-nginx ({exc})"
-                )
+                self.restore_problems.append(f"kubectl -n default delete deployment labs-k8s-drill-nginx ({exc})")
 
     # ------------------------------------------------------------------ the gate
 

@@ -89,9 +89,7 @@ def parse_inputs(
     problems: list[str] = []
     missing = [key for key in REQUIRED_OUTPUTS if not outputs.get(key)]
     if missing:
-        problems.append(
-            f"stack {stack!r} has no output {', '.join(missing)}: is it up? (`pulumi up --stack {stack}`)"
-        )
+        problems.append(f"stack {stack!r} has no output {', '.join(missing)}: is it up? (`pulumi up --stack {stack}`)")
     nodes: list[NodeInfo] = []
     for row in outputs.get("nodes") or []:
         try:
@@ -112,8 +110,9 @@ def parse_inputs(
     login: VcenterLogin | None = None
     if need_vcenter:
         values = vsphere_settings(config.get, env)
-        absent = [f"vsphere:{k} (or {VSPHERE_SETTINGS[k]})" for k in ("vsphereServer", "user", "password")
-                  if not values[k]]
+        absent = [
+            f"vsphere:{k} (or {VSPHERE_SETTINGS[k]})" for k in ("vsphereServer", "user", "password") if not values[k]
+        ]
         try:
             insecure = provider_bool(values["allowUnverifiedSsl"])
         except ValueError as error:

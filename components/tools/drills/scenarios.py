@@ -67,29 +67,44 @@ class ControlPlaneDrill(Drill):
             self.limits.etcd_degraded_s,
             since=off,
         )
-        self.measure("etcd_degraded_s", seconds, f"etcd reported {count - 1}/{count} healthy with one leader "
-                     f"(quorum kept) {seconds:.1f}s after power-off (limit {self.limits.etcd_degraded_s:g}s)")
+        self.measure(
+            "etcd_degraded_s",
+            seconds,
+            f"etcd reported {count - 1}/{count} healthy with one leader "
+            f"(quorum kept) {seconds:.1f}s after power-off (limit {self.limits.etcd_degraded_s:g}s)",
+        )
         seconds = self.wait_for(
             f"{target} NotReady", lambda: not self.cluster.node_ready(target), self.limits.notready_s, since=off
         )
-        self.measure("node_notready_s", seconds, f"{target} NotReady {seconds:.1f}s after power-off "
-                     f"(limit {self.limits.notready_s:g}s)")
+        self.measure(
+            "node_notready_s",
+            seconds,
+            f"{target} NotReady {seconds:.1f}s after power-off (limit {self.limits.notready_s:g}s)",
+        )
         self.wait_for("the API answering through the VIP", self.cluster.api_answers, self.limits.api_gap_s)
 
         on = self.power_on(target)
-        seconds = self.wait_for(f"{target} Ready", lambda: self.cluster.node_ready(target),
-                                self.limits.back_ready_s, since=on)
-        self.measure("node_ready_s", seconds, f"{target} Ready {seconds:.1f}s after power-on "
-                     f"(limit {self.limits.back_ready_s:g}s)")
+        seconds = self.wait_for(
+            f"{target} Ready", lambda: self.cluster.node_ready(target), self.limits.back_ready_s, since=on
+        )
+        self.measure(
+            "node_ready_s",
+            seconds,
+            f"{target} Ready {seconds:.1f}s after power-on (limit {self.limits.back_ready_s:g}s)",
+        )
 
         def recovered() -> bool:
             status = self.cluster.etcd_status()
             return status.members == count and status.healthy == count and status.leaders == 1
 
-        seconds = self.wait_for(f"etcd back to {count} healthy members", recovered,
-                                self.limits.etcd_recover_s, since=on)
-        self.measure("etcd_recovered_s", seconds, f"etcd {count}/{count} healthy {seconds:.1f}s after power-on "
-                     f"(limit {self.limits.etcd_recover_s:g}s)")
+        seconds = self.wait_for(
+            f"etcd back to {count} healthy members", recovered, self.limits.etcd_recover_s, since=on
+        )
+        self.measure(
+            "etcd_recovered_s",
+            seconds,
+            f"etcd {count}/{count} healthy {seconds:.1f}s after power-on (limit {self.limits.etcd_recover_s:g}s)",
+        )
         self.api.stop()
 
     @classmethod
@@ -135,8 +150,10 @@ class BalancerDrill(Drill):
             return problems
         holders = self.machines.vip_holders(balancers, self.inputs.vip)
         if len(holders) != 1:
-            return [f"{len(holders)} balancers report the VIP {self.inputs.vip} ({', '.join(holders) or 'none'}); "
-                    "expected exactly one (VMware Tools running on both?)"]
+            return [
+                f"{len(holders)} balancers report the VIP {self.inputs.vip} ({', '.join(holders) or 'none'}); "
+                "expected exactly one (VMware Tools running on both?)"
+            ]
         return []
 
     def execute(self) -> None:
@@ -156,8 +173,12 @@ class BalancerDrill(Drill):
             f"VIP {vip} reported by another balancer ({', '.join(others)})", moved, self.limits.vip_move_s, since=off
         )
         new_holder = self.machines.vip_holders(balancers, vip)[0]
-        self.measure("vip_moved_s", seconds, f"VIP moved to {new_holder} {seconds:.1f}s after power-off, as "
-                     f"VMware Tools report it (limit {self.limits.vip_move_s:g}s)")
+        self.measure(
+            "vip_moved_s",
+            seconds,
+            f"VIP moved to {new_holder} {seconds:.1f}s after power-off, as "
+            f"VMware Tools report it (limit {self.limits.vip_move_s:g}s)",
+        )
         self.wait_for("the API answering through the VIP", self.cluster.api_answers, self.limits.api_gap_s)
 
         on = self.power_on(holder)
@@ -168,8 +189,12 @@ class BalancerDrill(Drill):
             self.limits.balancer_back_s,
             since=on,
         )
-        self.measure("balancer_back_s", seconds, f"{holder} back (Tools report {own_ip}) {seconds:.1f}s after "
-                     f"power-on (limit {self.limits.balancer_back_s:g}s)")
+        self.measure(
+            "balancer_back_s",
+            seconds,
+            f"{holder} back (Tools report {own_ip}) {seconds:.1f}s after "
+            f"power-on (limit {self.limits.balancer_back_s:g}s)",
+        )
         streak: list[str] = []
 
         def single_holder() -> bool:
@@ -180,16 +205,22 @@ class BalancerDrill(Drill):
                 streak.clear()
                 return False
             streak.append(holders[0])
-            return len(streak) >= self.limits.stable_samples and len(set(streak[-self.limits.stable_samples:])) == 1
+            return len(streak) >= self.limits.stable_samples and len(set(streak[-self.limits.stable_samples :])) == 1
 
         back = self.clock()
-        seconds = self.wait_for(f"exactly one VIP holder ({self.limits.stable_samples} samples in a row)",
-                                single_holder, self.limits.single_holder_s)
+        seconds = self.wait_for(
+            f"exactly one VIP holder ({self.limits.stable_samples} samples in a row)",
+            single_holder,
+            self.limits.single_holder_s,
+        )
         final = streak[-1]
         how = "preempted back" if final == holder else "stayed"
-        self.measure("single_holder_s", self.clock() - back,
-                     f"exactly one VIP holder, {final} (the VIP {how}), confirmed {seconds:.1f}s after {holder} "
-                     f"was back (limit {self.limits.single_holder_s:g}s)")
+        self.measure(
+            "single_holder_s",
+            self.clock() - back,
+            f"exactly one VIP holder, {final} (the VIP {how}), confirmed {seconds:.1f}s after {holder} "
+            f"was back (limit {self.limits.single_holder_s:g}s)",
+        )
         self.api.stop()
 
     @classmethod
@@ -241,8 +272,12 @@ class _WorkloadDrill(Drill):
             since=created,
         )
         placement = Counter(self.cluster.pods_of_test_deployment())
-        self.measure("deployment_ready_s", seconds, f"{replicas} test pods Ready in {seconds:.1f}s on "
-                     + ", ".join(f"{node} ({count})" for node, count in sorted(placement.items())))
+        self.measure(
+            "deployment_ready_s",
+            seconds,
+            f"{replicas} test pods Ready in {seconds:.1f}s on "
+            + ", ".join(f"{node} ({count})" for node, count in sorted(placement.items())),
+        )
         if self.target:
             if not placement.get(self.target):
                 raise DrillFailed(f"no test pod landed on {self.target}; nothing would move")
@@ -264,22 +299,38 @@ class WorkerDrill(_WorkloadDrill):
     def execute(self) -> None:
         target = self.roll_out()
         off = self.power_off(target)
-        seconds = self.wait_for(f"{target} NotReady", lambda: not self.cluster.node_ready(target),
-                                self.limits.notready_s, since=off)
+        seconds = self.wait_for(
+            f"{target} NotReady", lambda: not self.cluster.node_ready(target), self.limits.notready_s, since=off
+        )
         notready = self.clock()
-        self.measure("node_notready_s", seconds, f"{target} NotReady {seconds:.1f}s after power-off "
-                     f"(limit {self.limits.notready_s:g}s)")
-        self.wait_for(f"every test pod Ready on a node other than {target}", lambda: self._all_elsewhere(target),
-                      self.limits.reschedule_s, since=notready)
+        self.measure(
+            "node_notready_s",
+            seconds,
+            f"{target} NotReady {seconds:.1f}s after power-off (limit {self.limits.notready_s:g}s)",
+        )
+        self.wait_for(
+            f"every test pod Ready on a node other than {target}",
+            lambda: self._all_elsewhere(target),
+            self.limits.reschedule_s,
+            since=notready,
+        )
         seconds = self.clock() - off
-        self.measure("pods_rescheduled_s", seconds, f"test pods recreated elsewhere {seconds:.1f}s after power-off, "
-                     f"{self.clock() - notready:.1f}s after NotReady (limit {self.limits.reschedule_s:g}s after "
-                     f"NotReady; toleration {EVICTION_TOLERATION_S}s)")
+        self.measure(
+            "pods_rescheduled_s",
+            seconds,
+            f"test pods recreated elsewhere {seconds:.1f}s after power-off, "
+            f"{self.clock() - notready:.1f}s after NotReady (limit {self.limits.reschedule_s:g}s after "
+            f"NotReady; toleration {EVICTION_TOLERATION_S}s)",
+        )
         on = self.power_on(target)
-        seconds = self.wait_for(f"{target} Ready", lambda: self.cluster.node_ready(target),
-                                self.limits.back_ready_s, since=on)
-        self.measure("node_ready_s", seconds, f"{target} Ready {seconds:.1f}s after power-on "
-                     f"(limit {self.limits.back_ready_s:g}s)")
+        seconds = self.wait_for(
+            f"{target} Ready", lambda: self.cluster.node_ready(target), self.limits.back_ready_s, since=on
+        )
+        self.measure(
+            "node_ready_s",
+            seconds,
+            f"{target} Ready {seconds:.1f}s after power-on (limit {self.limits.back_ready_s:g}s)",
+        )
         self.delete_deployment()
 
     @classmethod
@@ -314,12 +365,22 @@ class DrainDrill(_WorkloadDrill):
             self.cluster.drain(target, self.limits.drain_s)
         except Exception as exc:
             raise DrillFailed(f"kubectl drain {target} failed: {exc}") from exc
-        self.measure("drain_s", self.clock() - start, f"drain of {target} took {self.clock() - start:.1f}s "
-                     f"(--timeout {self.limits.drain_s:g}s)")
-        seconds = self.wait_for(f"every test pod Ready on a node other than {target}",
-                                lambda: self._all_elsewhere(target), self.limits.reschedule_s, since=start)
-        self.measure("pods_rescheduled_s", seconds, f"test pods Ready elsewhere {seconds:.1f}s after the drain "
-                     f"started (limit {self.limits.reschedule_s:g}s)")
+        self.measure(
+            "drain_s",
+            self.clock() - start,
+            f"drain of {target} took {self.clock() - start:.1f}s (--timeout {self.limits.drain_s:g}s)",
+        )
+        seconds = self.wait_for(
+            f"every test pod Ready on a node other than {target}",
+            lambda: self._all_elsewhere(target),
+            self.limits.reschedule_s,
+            since=start,
+        )
+        self.measure(
+            "pods_rescheduled_s",
+            seconds,
+            f"test pods Ready elsewhere {seconds:.1f}s after the drain started (limit {self.limits.reschedule_s:g}s)",
+        )
         self.uncordon(target)
         self.expect(self.cluster.node_schedulable(target), f"{target} is still cordoned after uncordon")
         self.delete_deployment()
@@ -344,14 +405,17 @@ SCENARIOS: dict[str, type[ControlPlaneDrill | BalancerDrill | WorkerDrill | Drai
 }
 
 
-def plan_text(scenario: str, stack: str, nodes: Sequence[NodeInfo], vip: str, target: str | None,
-              limits: Limits) -> str:
+def plan_text(
+    scenario: str, stack: str, nodes: Sequence[NodeInfo], vip: str, target: str | None, limits: Limits
+) -> str:
     """What `drill <scenario> --dry-run` prints: nothing is contacted."""
     cls = SCENARIOS[scenario]
     steps = cls.plan(nodes, vip, target, limits)
     lines = [f"DRY RUN: {scenario} drill on stack {stack} ({cls.summary}); nothing is contacted or changed"]
     lines += [f"  {i}. {step}" for i, step in enumerate(steps, 1)]
-    lines.append("  always: power back on what was powered off, uncordon, delete the test deployment - also on "
-                 "failure, Ctrl-C or SIGTERM; exit 0 PASS, 1 FAIL, 2 refused, 130 interrupted")
+    lines.append(
+        "  always: power back on what was powered off, uncordon, delete the test deployment - also on "
+        "failure, Ctrl-C or SIGTERM; exit 0 PASS, 1 FAIL, 2 refused, 130 interrupted"
+    )
     lines.append("  nodes: " + ", ".join(f"{n.name} {n.ip} ({n.role})" for n in nodes))
     return "\n".join(lines)
