@@ -204,7 +204,7 @@ def read_stack_inputs() -> StackInputs:
 def check_api_timeout(inputs: StackInputs, created: list[str] | None) -> None:
     """Refuse, before anything is registered, a vsphere:apiTimeout too short for the VMs this run
     creates (``created``: their names; None = every node). components/fleet.py says why."""
-    from components.fleet import api_timeout_problem
+    from components.clone_timing import api_timeout_problem
 
     in_config = pulumi.runtime.config.get_config("vsphere:apiTimeout")
     problem = api_timeout_problem(

@@ -74,7 +74,7 @@ def _kubernetes(**changes: Any) -> dict[str, Any]:
 def _four_workers_two_at_once(version: str) -> dict[str, Any]:
     workers = {"hosts": [{"name": f"labs-k8s-w{i:02}", "ip": f"10.3.60.{60 + i}"} for i in range(1, 5)]}
     nodes = {**namespace()["nodes"], "workers": {**namespace()["nodes"]["workers"], **workers}}
-    # Two more 60 GiB eager-zeroed disks need a longer vSphere timeout (components/fleet.py api_timeout_problem).
+    # Two more 60 GiB eager-zeroed disks need a longer vSphere timeout (components/clone_timing.py).
     return {
         "labs-k8s:nodes": nodes,
         "vsphere:apiTimeout": "120",

@@ -1,5 +1,7 @@
-"""The pull-request comment of `python -m components diff`: built from its JSON report, kept under
-GitHub's size limit, and posted as ONE comment per pull request (found again by a hidden marker).
+"""The pull-request comment of `python -m components diff`: built from its JSON report, posted once.
+
+It is kept under GitHub's size limit, and posted as ONE comment per pull request (found again by a
+hidden marker).
 
 Standard library only, and importing nothing else of this package: the workflow that posts
 (.github/workflows/render-diff-comment.yml) runs the default branch's copy of this file with the
