@@ -24,7 +24,7 @@ help:
 	@echo "              these three need STACK=<site> or export STACK (README, \"Your first lab\", step 3)"
 	@echo "make render   offline: plan.json, graph.mmd and every file pushed to a machine, into render/"
 	@echo "make test     create the virtualenv, install what the tests need, run the whole suite"
-	@echo "make lint     ruff (lint and format), the import contracts and shellcheck"
+	@echo "make lint     ruff (lint and format), mypy, the import contracts and shellcheck"
 	@echo "make venv     only the virtualenv .venv with the pinned runtime dependencies (Python 3.11+)"
 	@echo "make lock     renew requirements*.txt (pinned, with hashes) from requirements*.in"
 	@echo "make bench    print the benchmarks' figures"
@@ -95,12 +95,14 @@ toolchain: system-deps
 test: venv-dev system-deps vcsim toolchain
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
 lint: venv-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	shellcheck $$(git ls-files '*.sh')
 

@@ -39,7 +39,8 @@ order above without the upgrade steps in between.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 import pulumi
 import pulumi_random as random
@@ -63,7 +64,7 @@ class KubeadmCluster(pulumi.ComponentResource):
         self,
         name: str,
         lab: LabConfig,
-        vms: dict[str, pulumi.CustomResource],
+        vms: Mapping[str, pulumi.CustomResource],
         ready: dict[str, pulumi.Resource],
         balancers_ready: Sequence[pulumi.Resource],
         private_key: pulumi.Input[str],
@@ -84,13 +85,15 @@ class KubeadmCluster(pulumi.ComponentResource):
         token_secret = random.RandomPassword(
             "bootstrap-token-secret", length=16, special=False, upper=False, opts=child
         )
-        self.token = pulumi.Output.secret(pulumi.Output.concat(token_id.result, ".", token_secret.result))
+        self.token: pulumi.Output[str] = pulumi.Output.secret(
+            pulumi.Output.concat(token_id.result, ".", token_secret.result)
+        )
         certificate_key = random.RandomId(
             "certificate-key",
             byte_length=32,
             opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["hex", "b64Std", "b64Url", "dec"]),
         )
-        self.certificate_key = pulumi.Output.secret(certificate_key.hex)
+        self.certificate_key: pulumi.Output[str] = pulumi.Output.secret(certificate_key.hex)
 
         first = lab.control_planes[0]
         self.first_control_plane = first
@@ -228,6 +231,7 @@ class KubeadmCluster(pulumi.ComponentResource):
         pending = self._previous.stdout(join_name) not in JOIN_DONE
         # The certificate key (it decrypts the cluster's CA keys in kubeadm-certs) goes only where
         # certificates are uploaded: before a control plane's join, never before a worker's.
+        refresh_files: Callable[..., dict[str, str]]  # (token, key) for a control plane, (token) for a worker
         if node.role is Role.CONTROL_PLANE:
             refresh_files = lambda token, key: k8s_rendering.refresh_files(lab, token, key, node)  # noqa: E731
             refresh_secrets = [self.token, self.certificate_key]
@@ -245,6 +249,7 @@ class KubeadmCluster(pulumi.ComponentResource):
             rerun_with=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
         )
         self.refreshes[node.name] = refresh
+        files: Callable[..., dict[str, str]]  # as refresh_files
         if node.role is Role.CONTROL_PLANE:
             files = lambda token, key: k8s_rendering.control_plane_join_files(lab, node, token, key)  # noqa: E731
             secrets = [self.token, self.certificate_key]
@@ -296,7 +301,9 @@ class KubeadmCluster(pulumi.ComponentResource):
         lanes once the last control plane is done): never more workers drained at once."""
         lab = self._lab
 
-        def cordon_step(node: Node, action: str, depends_on: list[pulumi.Resource]) -> remote.Command:
+        def cordon_step(
+            node: Node, action: Literal["drain", "uncordon"], depends_on: list[pulumi.Resource]
+        ) -> remote.Command:
             return self._steps.upgrade(
                 f"{node.name}-upgrade-{action}",
                 None,

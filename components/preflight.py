@@ -8,7 +8,7 @@ the lab config into a PreflightSpec and the report into a Pulumi error or warnin
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 
@@ -18,6 +18,9 @@ from components.fleet import PROJECT, anti_affinity_rule_name
 from components.previous_state import PreviousState
 from components.rendering.template import template_vm_name
 from components.stack_config import StackInputs
+
+if TYPE_CHECKING:  # imported where used: pyVmomi loads only when preflight runs
+    from components.vsphere import PreflightSpec
 
 
 def state_uuids(lab: LabConfig, previous: PreviousState | None) -> dict[str, str] | None:
@@ -64,7 +67,7 @@ def clone_source_urn(stack: str, node: str) -> str:
     )
 
 
-def preflight_spec(lab: LabConfig, stack: str, previous: PreviousState | None = None) -> object:
+def preflight_spec(lab: LabConfig, stack: str, previous: PreviousState | None = None) -> PreflightSpec:
     from components import vsphere
 
     rules = tuple(

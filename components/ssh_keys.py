@@ -25,6 +25,7 @@ import hashlib
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
 # components/tools/offline.py puts this into its placeholder private key: `render` runs without secrets.
 RENDER_PLACEHOLDER_MARK = "RENDER-PLACEHOLDER"
@@ -47,7 +48,7 @@ def public_key_blob(public_key_line: str) -> bytes | None:
         return None
 
 
-def _load_private_key(text: str) -> object:
+def _load_private_key(text: str) -> PrivateKeyTypes:
     data = text.strip().encode() + b"\n"
     if b"-----BEGIN OPENSSH PRIVATE KEY-----" in data:
         return serialization.load_ssh_private_key(data, password=None)
@@ -80,9 +81,7 @@ def private_key_problem(private_key: str, public_key_line: str | None, stack: st
     except (ValueError, UnsupportedAlgorithm) as error:
         return f"cannot be read as an OpenSSH or PEM private key ({error}); {set_both}"
     try:
-        derived = key.public_key().public_bytes(  # type: ignore[attr-defined]
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-        )
+        derived = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     except (AttributeError, ValueError) as error:
         return f"is a key type SSH cannot use ({error}); {set_both}"
     if public_key_line is None:

@@ -309,6 +309,7 @@ class TemplateBuildProvider(ResourceProvider):
             num_cpus=spec.vcpu,
             memory_mib=spec.memory_mib,
             disk_gib=spec.disk_gib,
+            # A plain str in the provider's inputs, which only TemplateConfig.firmware (bios or efi) sets.
             firmware=spec.firmware,  # type: ignore[arg-type]
             annotation=f"labs-k8s golden template {spec.name}; built by Pulumi stack {spec.stack}",
             extra_config=vsphere.stack_tag(spec.stack),

@@ -258,7 +258,7 @@ class LabMocks(pulumi.runtime.Mocks):
         # RandomPassword results by resource name: the node keys a proving step's answer is proven with.
         self.passwords: dict[str, str] = {}
 
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
         if (args.typ, args.name) in self.kept:
             kept = dict(self.kept[(args.typ, args.name)])
             if args.typ == "random:index/randomPassword:RandomPassword" and "result" in kept:
@@ -347,7 +347,7 @@ class LabMocks(pulumi.runtime.Mocks):
             )
         return {"name": name, "outputs": dict(self.previous or {})}
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list[tuple[str, str]]]:
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         self.calls.append((args.token, dict(args.args)))
         if args.token == "pulumi:pulumi:readStackOutputs":
             return self._read_stack_outputs(str(args.args.get("name", ""))), []
@@ -568,7 +568,11 @@ def run_program(
         # set_mocks made a root stack of its own; the program gets a fresh one, as under the engine,
         # so that its exports are registered as stack outputs.
         pulumi.runtime.settings.ROOT.set(None)
-        main = program or (lambda: runpy.run_path(str(REPO_ROOT / "__main__.py"), run_name="__main__"))
+
+        def run_main() -> None:
+            runpy.run_path(str(REPO_ROOT / "__main__.py"), run_name="__main__")
+
+        main = program or run_main
         loop.run_until_complete(pulumi.runtime.stack.run_in_stack(main))
     finally:
         loop.close()
@@ -654,7 +658,7 @@ def run_from_document(document: Mapping[str, Any]) -> OfflineRun:
     fields = {f.name: f for f in dataclasses.fields(Registration) if not f.name.startswith("wire_")}
     registrations: dict[str, Registration] = {}
     for entry in document["resources"]:
-        kwargs = {
+        kwargs: dict[str, Any] = {
             name: tuple(value) if str(fields[name].type).startswith("tuple") else value
             for name, value in entry.items()
             if name in fields

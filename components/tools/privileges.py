@@ -27,7 +27,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -624,7 +624,11 @@ def write_docs(path: Path) -> None:
         pattern = re.compile(rf"(<!-- generated: {name} -->\n)(?:.*?\n)?(<!-- end: {name} -->)", flags=re.S)
         if not pattern.search(text):
             raise ValueError(f"{path} has no block <!-- generated: {name} --> ... <!-- end: {name} -->")
-        text = pattern.sub(lambda m, r=render: m.group(1) + r() + "\n" + m.group(2), text)
+
+        def fill(match: re.Match[str], render: Callable[[], str] = render) -> str:
+            return match.group(1) + render() + "\n" + match.group(2)
+
+        text = pattern.sub(fill, text)
     path.write_text(text)
 
 

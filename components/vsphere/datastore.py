@@ -15,7 +15,7 @@ from pyVmomi import vim
 
 from components.vsphere.errors import TaskError, VSphereError
 from components.vsphere.inventory import find_datacenter, find_datastore, inventory_path
-from components.vsphere.session import _ENDPOINTS, wait_for_task
+from components.vsphere.session import _ENDPOINTS, present, wait_for_task
 
 
 def make_datastore_dir(si: vim.ServiceInstance, datacenter: str, datastore: str, path: str) -> str:
@@ -24,7 +24,8 @@ def make_datastore_dir(si: vim.ServiceInstance, datacenter: str, datastore: str,
     ds = find_datastore(si, dc, datastore)
     ds_path = f"[{ds.name}] {path.strip('/')}"
     with contextlib.suppress(vim.fault.FileAlreadyExists):
-        si.RetrieveContent().fileManager.MakeDirectory(name=ds_path, datacenter=dc, createParentDirectories=True)
+        manager = present(si.RetrieveContent().fileManager, "ServiceContent.fileManager")
+        manager.MakeDirectory(name=ds_path, datacenter=dc, createParentDirectories=True)
     return ds_path
 
 
@@ -82,7 +83,7 @@ def upload_to_datastore(
 def delete_datastore_file(si: vim.ServiceInstance, datacenter: str, ds_path: str, timeout_s: float = 300) -> bool:
     """Delete ``[datastore] path`` (a file or a directory); False when it was not there."""
     dc = find_datacenter(si, datacenter)
-    manager = si.RetrieveContent().fileManager
+    manager = present(si.RetrieveContent().fileManager, "ServiceContent.fileManager")
     try:
         wait_for_task(manager.DeleteDatastoreFile_Task(name=ds_path, datacenter=dc), f"deleting {ds_path}", timeout_s)
     except TaskError as error:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from pyVmomi import vim
 
 from components.vsphere.errors import AmbiguousError, NotFoundError, VSphereError
-from components.vsphere.session import collect_properties
+from components.vsphere.session import collect_properties, present
 
 # extraConfig key marking VMs this stack owns; preflight does not call a VM
 # with our name a conflict when it carries our stack's value here. guestinfo.*
@@ -32,7 +32,7 @@ def inventory_path(si: vim.ServiceInstance, entity: vim.ManagedEntity) -> str:
 
 
 def _by_path(si: vim.ServiceInstance, path: str) -> Any:
-    return si.RetrieveContent().searchIndex.FindByInventoryPath(path)
+    return present(si.RetrieveContent().searchIndex, "ServiceContent.searchIndex").FindByInventoryPath(path)
 
 
 def _find_under(
@@ -117,7 +117,7 @@ def find_resource_pool(
     si: vim.ServiceInstance, cluster: vim.ClusterComputeResource, path: str | None = None
 ) -> vim.ResourcePool:
     """Resource pool by path below the cluster's root pool; None/'' = root pool."""
-    root = cluster.resourcePool
+    root = present(cluster.resourcePool, "ClusterComputeResource.resourcePool")
     if not path:
         return root
     return _find_under(si, "resource pool", path.strip("/"), root, (vim.ResourcePool,))
@@ -136,8 +136,11 @@ def find_vm(si: vim.ServiceInstance, name: str, datacenter: vim.Datacenter | Non
 
 def find_vm_by_uuid(si: vim.ServiceInstance, uuid: str) -> vim.VirtualMachine | None:
     """The VM or template whose BIOS UUID (config.uuid, see template_uuid) is ``uuid``."""
-    index = si.RetrieveContent().searchIndex
-    return index.FindByUuid(datacenter=None, uuid=uuid, vmSearch=True, instanceUuid=False)
+    index = present(si.RetrieveContent().searchIndex, "ServiceContent.searchIndex")
+    # Typed as any ManagedEntity; with vmSearch=True it finds only VMs and templates.
+    return cast(
+        "vim.VirtualMachine | None", index.FindByUuid(datacenter=None, uuid=uuid, vmSearch=True, instanceUuid=False)
+    )
 
 
 def get_vm(si: vim.ServiceInstance, name: str, datacenter: vim.Datacenter | None = None) -> vim.VirtualMachine:
@@ -164,7 +167,7 @@ def vm_ips(props: Mapping[str, Any]) -> set[str]:
 
 def vm_stack(vm: vim.VirtualMachine) -> str | None:
     """The stack that tagged ``vm`` (extraConfig STACK_TAG_KEY), or None when untagged."""
-    for option in vm.config.extraConfig or []:
+    for option in present(vm.config, "VirtualMachine.config").extraConfig or []:
         if option.key == STACK_TAG_KEY:
             return str(option.value)
     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pyVmomi import vim, vmodl
 
@@ -21,7 +21,7 @@ from components.vsphere.inventory import (
     vm_ips,
     vm_stack,
 )
-from components.vsphere.session import GiB, collect_properties
+from components.vsphere.session import GiB, collect_properties, present
 from components.vsphere.subnet import check_node_subnet
 from components.vsphere.template import DEBIAN12_GUEST_ID, GUEST_ID_FALLBACKS, choose_guest_id
 
@@ -125,10 +125,16 @@ def _lookup(report: PreflightReport, check: str, fix: str, fn: Any, *args: Any) 
         return None
 
 
+def _cluster_config(cluster: vim.ClusterComputeResource) -> vim.cluster.ConfigInfoEx:
+    # configurationEx is declared on ComputeResource as a ComputeResource.ConfigInfo; a cluster's is
+    # always its subclass ClusterConfigInfoEx (vSphere API reference), which has DRS and the rules.
+    return cast(vim.cluster.ConfigInfoEx, cluster.configurationEx)
+
+
 def _check_drs(report: PreflightReport, spec: PreflightSpec, cluster: vim.ClusterComputeResource) -> None:
     if not spec.anti_affinity_rules:
         return  # nothing depends on DRS then
-    drs = cluster.configurationEx.drsConfig
+    drs = _cluster_config(cluster).drsConfig
     if not drs.enabled:
         message = (
             f"DRS is disabled on cluster {cluster.name!r}, so the anti-affinity rules "
@@ -174,10 +180,12 @@ def rule_violations(cluster: vim.ClusterComputeResource, names: set[str]) -> lis
     again once its rules exist (components/preflight.py check_rules_after_up).
     """
     found: list[str] = []
-    for rule in cluster.configurationEx.rule or []:
+    for rule in _cluster_config(cluster).rule or []:
         if rule.name not in names:  # the stack's names; the program only makes anti-affinity rules
             continue
-        members = [(vm.name, vm.runtime.host) for vm in rule.vm or []]
+        # A rule of the stack's is an anti-affinity rule: the program names no other kind so.
+        rule_vms = cast(vim.cluster.AntiAffinityRuleSpec, rule).vm
+        members = [(vm.name, vm.runtime.host) for vm in rule_vms or []]
         by_host: dict[str, list[str]] = {}
         for name, host in members:
             if host is not None:
@@ -450,7 +458,7 @@ def _leftover(
     if spec.state_uuids is None or name not in spec.state_uuids:
         return False
     recorded = spec.state_uuids[name]
-    uuid = str(vm.config.uuid)
+    uuid = str(present(vm.config, "VirtualMachine.config").uuid)
     if recorded == uuid:
         return False
     known = f"the state records uuid {recorded}" if recorded else "the stack's state has no VM of that name"
@@ -493,7 +501,7 @@ def _held_space(vms: list[vim.VirtualMachine], datastore: vim.Datastore) -> dict
     """Disk and swap the stack's existing VMs hold on ``datastore`` (a VM elsewhere holds none there)."""
     held: dict[str, HeldSpace] = {}
     for vm in vms:
-        config = vm.config
+        config = present(vm.config, "VirtualMachine.config")
         disk_bytes = sum(
             int(device.capacityInBytes or device.capacityInKB * 1024)
             for device in config.hardware.device

@@ -14,7 +14,7 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pyVim.connect import Disconnect, SmartConnect
 from pyVmomi import vim, vmodl
@@ -24,6 +24,17 @@ from components.vsphere.errors import TaskError, VSphereError, VSphereTimeoutErr
 log = logging.getLogger(__name__)
 
 GiB = 1024**3
+
+T = TypeVar("T")
+
+
+def present(value: T | None, what: str) -> T:
+    """``value``, of a property that pyVmomi types as optional (the vSphere API declares most of them
+    so) but that vCenter sets wherever this package reads it. A None fails as reading an attribute of
+    it did before (AttributeError), only with the property named."""
+    if value is None:
+        raise AttributeError(f"vCenter left {what} unset")
+    return value
 
 
 @dataclass(frozen=True)
@@ -231,7 +242,7 @@ def collect_properties(
     one request and thousands.
     """
     content = si.RetrieveContent()
-    view = content.viewManager.CreateContainerView(root, [vimtype], True)
+    view = present(content.viewManager, "ServiceContent.viewManager").CreateContainerView(root, [vimtype], True)
     try:
         traversal = vmodl.query.PropertyCollector.TraversalSpec(
             name="view", path="view", skip=False, type=vim.view.ContainerView

@@ -35,7 +35,7 @@ from components.vsphere.inventory import (
     find_vm,
     find_vm_folder,
 )
-from components.vsphere.session import GiB, wait_for_task
+from components.vsphere.session import GiB, present, wait_for_task
 from components.vsphere.vm import destroy_vm, power_state, wait_for_power_state
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def supported_guest_ids(cluster: vim.ClusterComputeResource, wanted: Sequence[st
     """
     spec = vim.EnvironmentBrowser.ConfigOptionQuerySpec(guestId=list(wanted))
     try:
-        option = cluster.environmentBrowser.QueryConfigOptionEx(spec)
+        option = present(cluster.environmentBrowser, "ComputeResource.environmentBrowser").QueryConfigOptionEx(spec)
     except TypeError as exc:
         log.warning("cannot read the guest OS list of cluster %r: %s", cluster.name, exc)
         return None
@@ -166,7 +166,8 @@ def choose_guest_id(
 
 def _nic_backing(network: vim.Network) -> vim.vm.device.VirtualDevice.BackingInfo:
     if isinstance(network, vim.dvs.DistributedVirtualPortgroup):
-        port = vim.dvs.PortConnection(switchUuid=network.config.distributedVirtualSwitch.uuid, portgroupKey=network.key)
+        switch = present(network.config.distributedVirtualSwitch, "DVPortgroupConfigInfo.distributedVirtualSwitch")
+        port = vim.dvs.PortConnection(switchUuid=switch.uuid, portgroupKey=network.key)
         return vim.vm.device.VirtualEthernetCard.DistributedVirtualPortBackingInfo(port=port)
     if isinstance(network, vim.OpaqueNetwork):
         raise VSphereError(f"network {network.name!r} is an NSX opaque network, which this project does not support")
@@ -237,7 +238,7 @@ def _builder_config_spec(
 
 def _free_ide_slot(vm: vim.VirtualMachine) -> tuple[int, int]:
     """(controller key, unit) of a free IDE slot; vCenter adds two IDE controllers."""
-    devices = vm.config.hardware.device
+    devices = present(vm.config, "VirtualMachine.config").hardware.device
     for ctrl in devices:
         if isinstance(ctrl, vim.vm.device.VirtualIDEController):
             used = {d.unitNumber for d in devices if d.controllerKey == ctrl.key}
@@ -320,7 +321,8 @@ def wait_for_power_off(vm: vim.VirtualMachine, timeout_s: float, poll_s: float =
 
 
 def _cdroms(vm: vim.VirtualMachine) -> list[vim.vm.device.VirtualCdrom]:
-    return [d for d in vm.config.hardware.device if isinstance(d, vim.vm.device.VirtualCdrom)]
+    devices = present(vm.config, "VirtualMachine.config").hardware.device
+    return [d for d in devices if isinstance(d, vim.vm.device.VirtualCdrom)]
 
 
 def detach_iso(vm: vim.VirtualMachine, remove_device: bool = False, timeout_s: float = 300) -> None:
@@ -354,7 +356,7 @@ def detach_iso(vm: vim.VirtualMachine, remove_device: bool = False, timeout_s: f
 
 def mark_as_template(vm: vim.VirtualMachine) -> None:
     """Turn the powered-off VM into a template (vCenter refuses while it runs)."""
-    if vm.config.template:
+    if present(vm.config, "VirtualMachine.config").template:
         return
     state = power_state(vm)
     if state != "poweredOff":
@@ -368,7 +370,7 @@ def template_uuid(vm: vim.VirtualMachine) -> str:
     Not config.instanceUuid: the provider looks templates up with
     SearchIndex.FindByUuid(instanceUuid=false).
     """
-    return str(vm.config.uuid)
+    return str(present(vm.config, "VirtualMachine.config").uuid)
 
 
 def _device_name(device: vim.vm.device.VirtualDevice) -> str:
@@ -388,8 +390,10 @@ def verify_template_hardware(vm: vim.VirtualMachine) -> list[HardwareProblem]:
     disk.EnableUUID is TRUE; no CD-ROM still carries an ISO.
     """
     problems: list[HardwareProblem] = []
-    devices = list(vm.config.hardware.device)
-    by_key = {d.key: d for d in devices}
+    config = present(vm.config, "VirtualMachine.config")
+    devices = list(config.hardware.device)
+    # Keyed by int; typed to accept an unset (None) controllerKey, for which .get() gives None.
+    by_key: dict[int | None, vim.vm.device.VirtualDevice] = {d.key: d for d in devices}
     pvscsi = [d for d in devices if isinstance(d, vim.vm.device.ParaVirtualSCSIController)]
     if not pvscsi:
         problems.append(HardwareProblem("no VMware Paravirtual SCSI controller: add one and move the disks to it"))
@@ -430,7 +434,7 @@ def verify_template_hardware(vm: vim.VirtualMachine) -> list[HardwareProblem]:
         # Exact type: VirtualVmxnet3Vrdma subclasses VirtualVmxnet3 but is PVRDMA.
         if type(nic) is not vim.vm.device.VirtualVmxnet3:
             problems.append(HardwareProblem(f"{_device_name(nic)} is {_type_name(nic)}, not VMXNET3"))
-    extra = {o.key: str(o.value) for o in (vm.config.extraConfig or [])}
+    extra = {o.key: str(o.value) for o in (config.extraConfig or [])}
     if extra.get("disk.EnableUUID", "").upper() != "TRUE":
         problems.append(HardwareProblem("extraConfig disk.EnableUUID is not TRUE (the vSphere CSI driver needs it)"))
     for cdrom in _cdroms(vm):

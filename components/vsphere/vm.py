@@ -8,7 +8,7 @@ from typing import Literal
 from pyVmomi import vim
 
 from components.vsphere.errors import VSphereTimeoutError
-from components.vsphere.session import wait_for_task
+from components.vsphere.session import present, wait_for_task
 
 PowerState = Literal["poweredOn", "poweredOff", "suspended"]
 
@@ -46,6 +46,6 @@ def wait_for_power_state(vm: vim.VirtualMachine, state: PowerState, timeout_s: f
 def destroy_vm(vm: vim.VirtualMachine, timeout_s: float = 600) -> None:
     """Power off (if running) and delete the VM or template with its files."""
     name = vm.name  # read before the VM is gone: vcsim deletes before the task returns
-    if not vm.config.template:
+    if not present(vm.config, "VirtualMachine.config").template:
         power_off(vm, timeout_s)
     wait_for_task(vm.Destroy_Task(), f"deleting VM {name!r}", timeout_s)

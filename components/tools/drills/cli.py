@@ -13,7 +13,7 @@ import sys
 SCENARIO_NAMES = ("control-plane", "balancer", "worker", "drain")
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "drill",
         help="run a failure drill against the live lab (docs/drills.md)",
