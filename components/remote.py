@@ -206,7 +206,7 @@ class RemoteSteps:
                 order_after=order_after,
                 timeout=timeout,
                 dial_attempts=dial_attempts,
-                plain_stdout=readable_stdout,
+                readable_stdout=readable_stdout,
             )
         )
 
@@ -233,8 +233,8 @@ class RemoteSteps:
                 depends_on=after,
                 order_after=order_after,
                 timeout=timeout,
-                authenticated=proven,
-                extra_triggers=rerun_with,
+                proven=proven,
+                rerun_with=rerun_with,
             )
         )
 
@@ -286,10 +286,9 @@ class RemoteSteps:
         config re-runs the (idempotent) step."""
         lab, script, resource_name = self._lab, step.script, step.name
         secrets, args = script.secrets, script.args
-        authenticated = step.authenticated
-        handles_secrets = bool(secrets) or authenticated
+        handles_secrets = bool(secrets) or step.proven
         recipients: list[str] = []
-        if secrets or authenticated:
+        if secrets or step.proven:
             if self._node_keys is None:
                 raise ValueError(f"{resource_name}: a sealed step needs the node keys to seal it to")
             recipients = [step.node.name] if step.node is not None else [cp.name for cp in lab.control_planes]
@@ -303,7 +302,7 @@ class RemoteSteps:
                 return plain
             keys = values[len(secrets) + len(args) :]
             return sealed.seal(
-                resource_name, plain, dict(zip(recipients, (str(k) for k in keys), strict=True)), prove=authenticated
+                resource_name, plain, dict(zip(recipients, (str(k) for k in keys), strict=True)), prove=step.proven
             )
 
         stdin: pulumi.Input[str]
@@ -327,13 +326,13 @@ class RemoteSteps:
                 if step.rerun_on_change and step.upstream_triggers
                 else []
             )
-            triggers = [stdin_hash, *upstream_ids, *step.extra_triggers] if step.rerun_on_change else []
+            triggers = [stdin_hash, *upstream_ids, *step.rerun_with] if step.rerun_on_change else []
         options = pulumi.ResourceOptions(
             parent=self._parent,
             depends_on=[*step.depends_on, *step.order_after],
             custom_timeouts=pulumi.CustomTimeouts(create=step.timeout, update=step.timeout, delete=step.delete_timeout),
             additional_secret_outputs=(
-                (["stderr"] if step.plain_stdout else ["stdout", "stderr"]) if handles_secrets else None
+                (["stderr"] if step.readable_stdout else ["stdout", "stderr"]) if handles_secrets else None
             ),
             # pulumi-command replaces a Command when its triggers change (schema: triggers[*]); a step
             # that is not re-run on change takes a new bundle as an in-place update of its stdin.
@@ -384,9 +383,9 @@ class _Step:
     timeout: str
     order_after: Sequence[pulumi.Resource] = ()
     dial_attempts: int = STEP_DIAL_ATTEMPTS
-    plain_stdout: bool = False
-    authenticated: bool = False
-    extra_triggers: Sequence[pulumi.Input[Any]] = ()
+    readable_stdout: bool = False
+    proven: bool = False
+    rerun_with: Sequence[pulumi.Input[Any]] = ()
     upstream_triggers: bool = True
     rerun_on_change: bool = True
     create_args: Sequence[str] = ()
@@ -400,7 +399,7 @@ _SENT: weakref.WeakKeyDictionary[remote.Command, pulumi.Input[str]] = weakref.We
 
 
 def proven_stdout(step: remote.Command, node_key: pulumi.Input[str]) -> pulumi.Output[str]:
-    """The answer of an `authenticated` step, once its proof line checks out against `node_key` (any
+    """The answer of a `proven` step (RemoteSteps.through_vip), once its proof line checks out against `node_key` (any
     one of its recipients'); the deployment stops with the step's name and the reason otherwise,
     before anything uses the answer (a join pinning a forged CA hash, a forged kubeconfig exported)."""
 
