@@ -24,14 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from components.previous_state import INITIAL_DEPLOYMENT_OUTPUT
 from components.tools.offline import OfflineRun, Registration, run_program
 from tests.labs import namespace
+from tests.test_cluster_graph import failed_first_up
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "graph"
 # Longer strings (bundles, cloud-init documents) are kept as their digest: the snapshot stays readable
 # and still changes when a byte of them does.
 LONGEST_KEPT_STRING = 160
-STACK_URN = "urn:pulumi:labs::labs-k8s::pulumi:pulumi:Stack::labs-k8s-labs"
 
 
 def _digested(value: Any) -> Any:
@@ -82,12 +83,8 @@ def _four_workers_two_at_once(version: str) -> dict[str, Any]:
     }
 
 
-def _failed_first_up(state: dict[str, Any]) -> dict[str, Any]:
-    """A first `up` that created m01's join and died at m02's: those joins and verify are not in the state."""
-    gone = ("::labs-k8s-m02-kubeadm-join", "::labs-k8s-m03-kubeadm-join", "::verify-cluster")
-    failed = {urn: e for urn, e in state.items() if e["type"] != "pulumi:pulumi:Stack" and not urn.endswith(gone)}
-    failed[STACK_URN] = {"type": "pulumi:pulumi:Stack", "outputs": {"labsK8sInitialDeployment": "make up"}}
-    return failed
+# A self-managed stack made by `make up` (components/previous_state.py INITIAL_DEPLOYMENT_OUTPUT).
+MADE_BY_MAKE_UP = {INITIAL_DEPLOYMENT_OUTPUT: "make up"}
 
 
 def _kubeconfig_expiring(state: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +114,9 @@ def scenarios() -> dict[str, Callable[[], OfflineRun]]:
         "join-retry": once(
             "join-retry",
             lambda: run_program(
-                "labs", overrides=_kubernetes(version="1.35.2"), previous=_failed_first_up(created().previous_state())
+                "labs",
+                overrides=_kubernetes(version="1.35.2"),
+                previous=failed_first_up(created().previous_state(), MADE_BY_MAKE_UP),
             ),
         ),
         "upgrade": once(
