@@ -54,6 +54,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pulumi
+from pulumi.output import Unknown
 
 from components.config import ConfigProblem, LabConfig, LabConfigError, Role
 
@@ -131,7 +132,24 @@ def _invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
         result = pulumi.runtime.invoke(token, args)
     except Exception as error:
         raise PreviousStateUnreadable(f"{token}: {type(error).__name__}: {error}") from None
-    return dict(result.value or {})
+    return dict(_known(result.value or {}))
+
+
+def _known(value: Any) -> Any:
+    """`value` with every unknown replaced by None ("not known").
+
+    An output the last run could not compute (a targeted `up` skips the resources it comes from)
+    is saved as the engine's unknown placeholder, and the SDK reads it back as
+    `pulumi.output.Unknown` (sdk/python/lib/pulumi/runtime/rpc.py deserialize_property), not as a
+    string: it crashed every later run in `renewal_due` (`'Unknown' object has no attribute
+    'replace'`)."""
+    if isinstance(value, Unknown):
+        return None
+    if isinstance(value, dict):
+        return {key: _known(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_known(item) for item in value]
+    return value
 
 
 def read_previous_state(unreadable: str = "fail") -> PreviousState:
@@ -202,9 +220,11 @@ def check_control_plane_change(lab: LabConfig, previous: PreviousState) -> None:
     )
 
 
-def renewal_due(valid_until: str | None, days: int, now: datetime | None = None) -> bool:
-    """Is a certificate valid until `valid_until` (RFC 3339) within `days` of expiring?"""
-    if not valid_until:
+def renewal_due(valid_until: object, days: int, now: datetime | None = None) -> bool:
+    """Is a certificate valid until `valid_until` (RFC 3339) within `days` of expiring? Anything
+    but a string (no output, or one the last run could not compute) is "not known": no renewal
+    is forced, the kubeconfig step runs whenever its own inputs change."""
+    if not isinstance(valid_until, str) or not valid_until:
         return False
     try:
         end = datetime.fromisoformat(valid_until.replace("Z", "+00:00"))

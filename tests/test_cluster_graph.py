@@ -249,3 +249,22 @@ def test_the_kubeconfig_is_re_exported_before_its_certificate_lapses(
     assert changed_inputs(offline_run, again) == ({"kubeconfig"} if renewed else set())
     if renewed:
         assert "kubeconfig-renewal:2" in again.by_name("kubeconfig").plain_inputs["triggers"]
+
+
+@pytest.mark.parametrize("preview", [True, False], ids=["preview", "up"])
+def test_an_output_the_last_run_could_not_compute_reads_as_not_known(offline_run: OfflineRun, preview: bool) -> None:
+    """After a targeted `up` the engine saves an output whose resource it skipped as its unknown
+    placeholder, and the SDK reads it back as `pulumi.output.Unknown` (found on the real engine:
+    every later run crashed in renewal_due with "'Unknown' object has no attribute 'replace'").
+    The mock answers the invoke with the same wire value the engine sends (rpc.UNKNOWN); the SDK
+    makes it `Unknown()` in a preview and None in an `up` (rpc.py deserialize_property)."""
+    from pulumi.runtime.rpc import UNKNOWN
+
+    previous = offline_run.previous_state()
+    for entry in previous.values():
+        if entry["type"] == "pulumi:pulumi:Stack":
+            entry["outputs"]["kubeconfigValidUntil"] = UNKNOWN
+    again = run_program("labs", previous=previous, preview=preview)
+    assert again.by_name("kubeconfig")
+    if not preview:
+        assert changed_inputs(offline_run, again) == set()
