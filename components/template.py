@@ -379,8 +379,13 @@ class TemplateBuildProvider(ResourceProvider):
         try:
             vsphere.delete_datastore_file(si, datacenter, iso_path)
             # The stack's directory too, once no ISO of it is left (a build running at the same
-            # time in this stack cannot be: the stack's state is locked).
-            vsphere.remove_empty_datastore_dir(si, datacenter, iso_path.rsplit("/", 1)[0])
+            # time in this stack cannot be: the stack's state is locked), then labs-k8s-iso/
+            # itself once no stack has one there (found on the real engine: destroy left it).
+            # Another stack's upload could only begin in the moment between the listing and the
+            # delete; its upload then fails and its retry makes the directory again.
+            stack_dir = iso_path.rsplit("/", 1)[0]
+            if vsphere.remove_empty_datastore_dir(si, datacenter, stack_dir):
+                vsphere.remove_empty_datastore_dir(si, datacenter, stack_dir.rsplit("/", 1)[0])
         except vsphere.VSphereError as error:
             # The template is fine without it; destroy tries again.
             log.warning("could not delete the install ISO %s: %s", iso_path, error)

@@ -238,7 +238,9 @@ def test_lifecycle_through_the_dynamic_provider_host(lab_vcsim, netinst, host_en
         assert not (datastore_dir(si, sim) / "labs-k8s-iso" / "labs" / f"{registered['name']}.iso").exists()
         # So is the stack's directory, empty now (issue 23: it was left behind).
         assert not (datastore_dir(si, sim) / "labs-k8s-iso" / "labs").exists()
-        assert (datastore_dir(si, sim) / "labs-k8s-iso").exists(), "the shared parent stays for other stacks"
+        # And the shared parent, once no stack has a directory in it (#29: the real engine's
+        # destroy left an empty labs-k8s-iso/ behind).
+        assert not (datastore_dir(si, sim) / "labs-k8s-iso").exists()
     finally:
         vs.disconnect(si)
     assert len(built.builds) == 1
@@ -335,8 +337,17 @@ def test_two_stacks_never_touch_each_others_template(lab_vcsim, netinst, host_en
     names = {stack: from_struct(run.by_name(TEMPLATE).wire_inputs)["name"] for stack, run in runs.items()}
     assert names["labs"] != names["other"]
     engines = {stack: engine_for(run, host_env) for stack, run in runs.items()}
+    # A third stack's upload under way: its directory, and so the shared parent, must stay.
+    si = connect(sim)
+    try:
+        uploading = datastore_dir(si, sim) / "labs-k8s-iso" / "third" / "uploading.iso"
+    finally:
+        vs.disconnect(si)
+    uploading.parent.mkdir(parents=True)
+    uploading.write_bytes(b"partial")
     for stack in ("labs", "other"):
         assert up(engines[stack], runs[stack]).op == "create"
+    assert uploading.read_bytes() == b"partial", "another stack's ISO directory was touched"
     assert len(built.builds) == 2, "neither adopted the other's template"
     assert sorted(built.isos) == sorted(
         f"[{sim.datastore}] labs-k8s-iso/{stack}/{names[stack]}.iso" for stack in ("labs", "other")
