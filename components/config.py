@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -420,12 +421,23 @@ MINIMUM_DATA_DISK_GIB = {Role.BALANCER: 0, Role.CONTROL_PLANE: 10, Role.WORKER: 
 MINIMUM_TEMPLATE_DISK_GIB = 16
 
 
+def _control_characters(text: str) -> bool:
+    return any(ord(char) < 0x20 or ord(char) == 0x7F for char in text)
+
+
 def _ssh_key_problem(public_key: str) -> str | None:
+    # Exactly one line: the key becomes one line of authorized_keys (and of the user-data), so a
+    # newline in it would add lines the config never shows as keys (issue #30 §3).
+    if _control_characters(public_key):
+        return (
+            "holds a newline, tab or other control character; an SSH public key is exactly one line "
+            "`ssh-ed25519 AAAA... you@host`: paste the single line of the .pub file"
+        )
     parts = public_key.strip().split()
     if len(parts) < 2 or parts[0] not in _SSH_KEY_TYPES:
         return (
             "not an OpenSSH public key; paste one line such as `ssh-ed25519 AAAA... you@host` "
-            "(the contents of ~/.ssh/id_ed25519.pub, never the private key)"
+            f"(the contents of ~/.ssh/id_ed25519.pub, never the private key; types: {', '.join(_SSH_KEY_TYPES)})"
         )
     try:
         blob = base64.b64decode(parts[1], validate=True)
@@ -434,6 +446,62 @@ def _ssh_key_problem(public_key: str) -> str | None:
     # The blob starts with the length-prefixed key type: a cheap integrity check.
     if len(blob) < 4 or blob[4 : 4 + int.from_bytes(blob[:4], "big")].decode(errors="replace") != parts[0]:
         return f"the key body does not match its type {parts[0]}; copy the whole line from the .pub file again"
+    return None
+
+
+# A host name (RFC 1123: dot-separated labels of letters, digits and inner hyphens, 253 at most).
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+# Everything a proxy or mirror URL may hold. Its value is written verbatim into apt.conf
+# (`Acquire::http::Proxy "…";`), containerd's hosts.toml (`[host."…"]`), cloud-init's user-data
+# and curl's argv: a quote, semicolon, brace, space or newline there is syntax in those files, so a
+# URL ending in `";APT::Update::Pre-Invoke{…};//` ran a command as root (issue #30 §3).
+_URL_CHARACTERS = re.compile(r"^[A-Za-z0-9._~:/%\[\]-]+$")
+_URL_PATH = re.compile(r"^(/[A-Za-z0-9._~:%-]*)*$")
+
+
+def _not_a_host_name(name: str) -> bool:
+    """True when `name` is not a host name (a trailing dot, the root, is allowed; a last label of
+    digits alone is not, so 10.3.60.300 is a mistyped address rather than a name)."""
+    labels = name[:-1].split(".") if name.endswith(".") else name.split(".")
+    return not (0 < len(name) <= 253 and all(_HOST_LABEL.match(label) for label in labels) and not labels[-1].isdigit())
+
+
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _url_problem(url: str, example: str) -> str | None:
+    """Why `url` is not a whole http(s) URL of scheme, host, optional port and optional path, or None."""
+    fix = f"write a whole URL of scheme, host, optional port and path only, such as {example}"
+    if not url:
+        return f"empty; {fix}, or delete the key"
+    if not _URL_CHARACTERS.match(url):
+        bad = sorted({repr(char) for char in url if not _URL_CHARACTERS.match(char)})
+        return (
+            f"{url!r} holds {', '.join(bad)}, which is not part of a proxy or mirror URL "
+            f"(quotes, semicolons, braces, spaces, control characters, user names, queries are refused); {fix}"
+        )
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as error:  # e.g. an IPv4 address in brackets
+        return f"{url!r} is not a URL ({error}); {fix}"
+    try:
+        port = parts.port
+    except ValueError:
+        return f"{url!r} has a port that is not a number from 1 to 65535; {fix}"
+    host = parts.hostname or ""
+    if parts.scheme not in ("http", "https"):
+        return f"{url!r} is not an http:// or https:// URL; {fix}"
+    if not host or (not _is_ip_address(host) and _not_a_host_name(host)):
+        return f"{url!r} has no valid host name or IP address; {fix}"
+    if port == 0 or parts.netloc.endswith(":"):
+        return f"{url!r} has an empty or zero port; {fix}"
+    if not _URL_PATH.match(parts.path):
+        return f"{url!r} has a path that is not /-separated segments; {fix}"
     return None
 
 
@@ -773,21 +841,41 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
         add(ConfigProblem("template.isoUrl", "use an http(s) URL of the Debian 12 netinst ISO"))
 
     packages_url = cfg.preflight.kubernetes_packages_url
-    if packages_url and not re.match(r"^https?://[^\s/]+", packages_url):
+    if packages_url and (url_problem := _url_problem(packages_url, "https://pkgs.k8s.io/core:/stable:")):
         add(
             ConfigProblem(
                 "preflight.kubernetesPackagesUrl",
-                f"{packages_url!r} is not a URL; keep the default "
-                'https://pkgs.k8s.io/core:/stable:, or "" to skip the release check',
+                f'{url_problem} (keep the default, or "" to skip the release check)',
             )
         )
 
-    for key, url in (
-        ("mirrors.aptProxy", cfg.mirrors.apt_proxy),
-        ("mirrors.registryMirror", cfg.mirrors.registry_mirror),
+    for key, url, example in (
+        ("mirrors.aptProxy", cfg.mirrors.apt_proxy, "http://proxy.lab.example:3142"),
+        ("mirrors.registryMirror", cfg.mirrors.registry_mirror, "https://registry-mirror.lab.example:5000"),
     ):
-        if url is not None and not re.match(r"^https?://[^\s/]+", url):
-            add(ConfigProblem(key, f"{url!r} is not a URL; write http://host:port"))
+        if url is not None and (url_problem := _url_problem(url, example)):
+            add(ConfigProblem(key, url_problem))
+
+    # Network names: written into the user-data, chrony's and resolv.conf's lines.
+    for index, server in enumerate(cfg.network.ntp_servers):
+        if _is_ip_address(server) or not _not_a_host_name(server):
+            continue
+        add(
+            ConfigProblem(
+                f"network.ntpServers[{index}]",
+                f"{server!r} is not a host name or IP address; write one server per list item, "
+                "such as 0.debian.pool.ntp.org or 10.3.60.1",
+            )
+        )
+    domain = cfg.network.search_domain
+    if domain is not None and (_not_a_host_name(domain) or _is_ip_address(domain)):
+        add(
+            ConfigProblem(
+                "network.searchDomain",
+                f"{domain!r} is not a domain name; write dot-separated labels of letters, digits and "
+                "inner hyphens, such as labs.local (or delete the key for none)",
+            )
+        )
     return problems
 
 

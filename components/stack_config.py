@@ -26,6 +26,17 @@ from components.config import (
 from components.ssh_keys import private_key_problem
 
 SSH_PRIVATE_KEY = "sshPrivateKey"
+# The preview job's path without the SSH private key (docs/runbook.md, "The preview job's
+# approval gate"): a preview runs no remote command (pulumi-command's Create/Update return at
+# once when DryRun is set, provider/pkg/provider/remote/commandController.go), so it does not need
+# the key that gives root on every node. Set to "true" for `pulumi preview` only; `up` refuses it.
+PREVIEW_WITHOUT_SSH_KEY = "LABS_K8S_PREVIEW_WITHOUT_SSH_KEY"
+PREVIEW_PLACEHOLDER_PRIVATE_KEY = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+    f"preview without the SSH key ({PREVIEW_WITHOUT_SSH_KEY}): never used to connect\n"
+    "-----END OPENSSH PRIVATE KEY-----\n"
+)
+REMOTE_COMMAND_TYPES = ("command:remote:Command", "command:remote:CopyToRemote")
 # What the vSphere provider (Go, strconv.ParseBool) accepts for a boolean setting such as
 # vsphere:allowUnverifiedSsl; pyvmomi must read the same value the same way.
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
@@ -131,7 +142,13 @@ def read_stack_inputs() -> StackInputs:
     raw_private_key = str(pulumi.runtime.config.get_config(f"{NAMESPACE}:{SSH_PRIVATE_KEY}") or "")
     private_key = config.get_secret(SSH_PRIVATE_KEY)
     set_private_key = f"pulumi config set --stack {stack} --secret {NAMESPACE}:{SSH_PRIVATE_KEY} < ~/.ssh/labs-k8s"
-    if not raw_private_key.strip():
+    without_key = preview_without_ssh_key(os.environ, pulumi.runtime.is_dry_run())
+    if without_key is not None:
+        missing.append(without_key)
+    elif os.environ.get(PREVIEW_WITHOUT_SSH_KEY) == "true":
+        private_key = pulumi.Output.secret(PREVIEW_PLACEHOLDER_PRIVATE_KEY)
+        pulumi.runtime.register_stack_transformation(keep_recorded_connections)
+    elif not raw_private_key.strip():
         missing.append(f"{NAMESPACE}:{SSH_PRIVATE_KEY}: not set; the remote steps log in with it: {set_private_key}")
     elif "PRIVATE KEY-----" not in raw_private_key:
         missing.append(
@@ -198,6 +215,33 @@ def read_stack_inputs() -> StackInputs:
             plain_password=plain_password,
         ),
         stack=stack,
+    )
+
+
+def preview_without_ssh_key(environ: Mapping[str, str], dry_run: bool) -> str | None:
+    """The problem with $LABS_K8S_PREVIEW_WITHOUT_SSH_KEY, or None (unset, or "true" in a preview)."""
+    value = environ.get(PREVIEW_WITHOUT_SSH_KEY)
+    if value is None or (value == "true" and dry_run):
+        return None
+    if value != "true":
+        return f"{PREVIEW_WITHOUT_SSH_KEY}={value!r}: write true (a preview without the SSH key) or unset it"
+    return (
+        f"{PREVIEW_WITHOUT_SSH_KEY}=true is for `pulumi preview` only, and this run changes the lab: "
+        f"unset it and set the key ({NAMESPACE}:{SSH_PRIVATE_KEY}) for `pulumi up` or `destroy`"
+    )
+
+
+def keep_recorded_connections(
+    args: pulumi.ResourceTransformationArgs,
+) -> pulumi.ResourceTransformationResult | None:
+    """In a preview without the SSH key, every remote step's `connection` holds the placeholder
+    key: compare the recorded connection instead, so the preview does not show every step as an
+    update. The cost, said in docs/runbook.md: such a preview does not show a connection change."""
+    if args.type_ not in REMOTE_COMMAND_TYPES:
+        return None
+    # ResourceOptions.merge appends lists: the step's own ignore_changes stay.
+    return pulumi.ResourceTransformationResult(
+        args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(ignore_changes=["connection"]))
     )
 
 

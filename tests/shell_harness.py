@@ -70,12 +70,22 @@ DEFAULT_STUBS: dict[str, str] = {
     "ufw": "exit 0",
     "sysctl": "if [[ $1 == -n ]]; then echo 1; fi",
     "dpkg": "if [[ $1 == --print-architecture ]]; then echo amd64; fi",
-    # The fingerprint of whichever key curl "downloaded" (its body names the repository).
+    # gpg on the key files curl "downloaded" (their body names the repository): --show-keys gives
+    # the primary key's fingerprint ($STATE/gpg-fpr-<repo> overrides it), --import keeps the file
+    # in the throwaway GNUPGHOME and --export gives it back. tests/test_k8s_scripts.py runs the
+    # real gpg on real keys for what the pinning must keep and drop.
     "gpg": r"""
-case $(cat "${*: -1}") in
-    *docker*) echo "fpr:::::::::9DC858229FC7DD38854AE2D88D81803C0EBFCD88:" ;;
-    *kubernetes*) echo "fpr:::::::::DE15B14486CD377B9E876E1A234654DA9A296436:" ;;
+case " $* " in
+    *" --import "*) cp "${*: -1}" "$GNUPGHOME/imported"; exit 0 ;;
+    *" --export "*) cat "$GNUPGHOME/imported"; exit 0 ;;
 esac
+case $(cat "${*: -1}") in
+    *docker*) repo=docker fpr=9DC858229FC7DD38854AE2D88D81803C0EBFCD88 ;;
+    *kubernetes*) repo=kubernetes fpr=DE15B14486CD377B9E876E1A234654DA9A296436 ;;
+    *) exit 2 ;;
+esac
+[[ ! -f $STATE/gpg-fpr-$repo ]] || fpr=$(cat "$STATE/gpg-fpr-$repo")
+printf 'pub:-:4096:1:%s:1487788800:::-:::scESC::::::23::0:\nfpr:::::::::%s:\n' "${fpr: -16}" "$fpr"
 """,
     "ip": r"""
 if [[ $* == "-o route get "* ]]; then echo "${*: -1} dev ens192 src $HARNESS_NODE_IP uid 0"; exit 0; fi

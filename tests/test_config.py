@@ -406,3 +406,105 @@ def test_an_unquoted_version_says_to_quote_it(lab_namespace):
     lab_namespace["kubernetes"]["version"] = "1.36.0"
     lab_namespace["template"]["name"] = 12
     assert problems(lab_namespace)["template.name"].endswith("quote it, so that YAML keeps it text")
+
+
+# --------------------------------------------------------------------------- issue 30 §3: strict inputs
+# Each value below reached a file on the nodes verbatim: apt.conf, containerd's hosts.toml,
+# authorized_keys, the user-data. The config is refused, the key named, the fix said.
+
+APT_PRE_INVOKE = 'http://proxy.lab:3142/";APT::Update::Pre-Invoke{"touch /root/owned"};//'
+TOML_INJECTION = 'https://mirror.lab:5000"]\n  skip_verify = true\n[host."https://mirror.lab:5000'
+SEED_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDepyaBTvQco3InMZ3UGqqttoQO27Y46RlhA2zNSr1XW"
+
+
+def set_path(namespace: dict[str, Any], path: str, value: Any) -> None:
+    section, key = path.split(".")
+    namespace.setdefault(section, {})[key] = value
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fix"),
+    [
+        ("mirrors.aptProxy", APT_PRE_INVOKE, "such as http://proxy.lab.example:3142"),
+        ("mirrors.aptProxy", "http://proxy.lab:3142\nAcquire::https::Verify-Peer false", "such as http://"),
+        ("mirrors.aptProxy", "http://user:secret@proxy.lab:3142", "such as http://"),
+        ("mirrors.aptProxy", "http://proxy.lab:99999", "such as http://"),
+        ("mirrors.aptProxy", "socks5h://proxy.lab:1080", "such as http://"),
+        ("mirrors.aptProxy", "http://10.3.60.300:3142", "such as http://"),
+        ("mirrors.registryMirror", TOML_INJECTION, "such as https://registry-mirror.lab.example:5000"),
+        ("mirrors.registryMirror", "https://mirror.lab/v2?ns=docker.io", "such as https://"),
+        ("mirrors.registryMirror", "https://mirror.lab/'x", "such as https://"),
+        ("preflight.kubernetesPackagesUrl", 'https://pkgs.k8s.io/";x', "such as https://pkgs.k8s.io/core:/stable:"),
+    ],
+)
+def test_proxy_and_mirror_urls_are_checked_whole(lab_namespace, path, value, fix):
+    set_path(lab_namespace, path, value)
+    found = problems(lab_namespace)
+    assert list(found) == [path]
+    assert fix in found[path]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("mirrors.aptProxy", "http://10.3.60.1:3142"),
+        ("mirrors.aptProxy", "http://apt-cacher.lab.local:3142/"),
+        ("mirrors.aptProxy", "http://[fd00:3:60::1]:3142"),
+        ("mirrors.registryMirror", "https://registry-mirror.lab.local:5000"),
+        ("mirrors.registryMirror", "https://harbor.lab.local/v2/proxy-cache"),
+    ],
+)
+def test_ordinary_proxy_and_mirror_urls_are_accepted(lab_namespace, path, value):
+    set_path(lab_namespace, path, value)
+    section, key = path.split(".")
+    assert load_lab_config(lab_namespace).model_dump(by_alias=True)[section][key] == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        SEED_KEY + " me@laptop\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDepyaBTvQco3InMZ3UGqqttoQO27Y46RlhA2zNSr1XW evil",
+        SEED_KEY + '\ncommand="/bin/sh" ssh-ed25519 AAAA',
+        SEED_KEY + " me\r@laptop",
+        SEED_KEY + "\n",
+    ],
+)
+def test_an_ssh_public_key_is_exactly_one_line(lab_namespace, value):
+    lab_namespace["ssh"]["publicKey"] = value
+    assert "exactly one line" in problems(lab_namespace)["ssh.publicKey"]
+    lab_namespace["ssh"]["publicKey"] = SEED_KEY
+    lab_namespace["ssh"]["extraPublicKeys"] = [SEED_KEY + " ok", value]
+    found = problems(lab_namespace)
+    assert list(found) == ["ssh.extraPublicKeys[1]"]
+    assert "paste the single line of the .pub file" in found["ssh.extraPublicKeys[1]"]
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        "0.debian.pool.ntp.org\nruncmd: [touch /root/owned]",
+        "pool.ntp.org iburst",
+        "ntp_1.lab",
+        "-ntp.lab",
+        "10.3.60.300",
+    ],
+)
+def test_ntp_servers_are_host_names_or_addresses(lab_namespace, server):
+    lab_namespace["network"]["ntpServers"] = ["10.3.60.1", server]
+    found = problems(lab_namespace)
+    assert list(found) == ["network.ntpServers[1]"]
+    assert "such as 0.debian.pool.ntp.org or 10.3.60.1" in found["network.ntpServers[1]"]
+
+
+def test_ordinary_ntp_servers_are_accepted(lab_namespace):
+    servers = ["0.debian.pool.ntp.org", "10.3.60.1", "fd00:3:60::1", "ntp.labs.local.", "Time-A.example"]
+    lab_namespace["network"]["ntpServers"] = servers
+    assert load_lab_config(lab_namespace).network.ntp_servers == servers
+
+
+@pytest.mark.parametrize("domain", ["labs.local\nnameserver 6.6.6.6", "labs local", "labs..local", "10.3.60.1", ""])
+def test_search_domain_is_a_domain(lab_namespace, domain):
+    lab_namespace["network"]["searchDomain"] = domain
+    found = problems(lab_namespace)
+    assert list(found) == ["network.searchDomain"]
+    assert "such as labs.local" in found["network.searchDomain"]

@@ -7,7 +7,11 @@ invocations (what was run, how often, with which arguments) and on the files wri
 
 from __future__ import annotations
 
+import email.utils
+import hashlib
+import itertools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -546,7 +550,7 @@ def test_prepare_node_uses_the_configured_mirrors(harness: ShellHarness) -> None
 def test_prepare_node_refuses_a_docker_key_with_another_fingerprint(harness: ShellHarness, cfg: LabConfig) -> None:
     h = harness
     fresh_debian_node(h)
-    h.stub("gpg", 'echo "fpr:::::::::0000000000000000000000000000000000000000:"')
+    h.set_state("gpg-fpr-docker", "0000000000000000000000000000000000000000")
     h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
     result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
     assert "does not have the fingerprint 9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in result.stderr
@@ -581,7 +585,7 @@ def test_prepare_node_fetches_and_checks_the_signing_keys_again_on_every_run(
     assert {name: (keyrings / name).read_text() for name in first} == extended
     h.clear_state("offline")
 
-    h.stub("gpg", 'echo "fpr:::::::::0000000000000000000000000000000000000000:"')
+    h.set_state("gpg-fpr-docker", "0000000000000000000000000000000000000000")
     h.set_state("key-edition", " swapped")
     result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
     assert "does not have the fingerprint 9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in result.stderr
@@ -625,15 +629,7 @@ def test_prepare_node_names_the_key_when_the_pinned_containerd_is_not_published(
 def test_prepare_node_refuses_a_kubernetes_key_with_another_fingerprint(harness: ShellHarness, cfg: LabConfig) -> None:
     h = harness
     fresh_debian_node(h)
-    h.stub(
-        "gpg",
-        r"""
-case $(cat "${*: -1}") in
-    *docker*) echo "fpr:::::::::9DC858229FC7DD38854AE2D88D81803C0EBFCD88:" ;;
-    *) echo "fpr:::::::::1111111111111111111111111111111111111111:" ;;
-esac
-""",
-    )
+    h.set_state("gpg-fpr-kubernetes", "1111111111111111111111111111111111111111")
     h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
     result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
     assert "Release.key does not have the fingerprint DE15B14486CD377B9E876E1A234654DA9A296436" in result.stderr
@@ -672,3 +668,142 @@ def test_scripts_refuse_to_run_without_root_outside_the_harness(cfg: LabConfig) 
     assert result.returncode != 0
     assert "must run as root" in result.stderr
     assert result.stdout == ""
+
+
+# ------------------------------------------------------------------ prepare-node.sh: what the pinned keyring holds
+
+
+class OpenPGPKeys:
+    """Real OpenPGP keys made with gpg in a throwaway GNUPGHOME (no network, no agent left behind)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        home.mkdir(mode=0o700)
+
+    def gpg(self, *args: str, stdin: str | None = None) -> str:
+        result = subprocess.run(
+            ["gpg", "--homedir", str(self.home), "--batch", "--quiet", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def make(self, name: str) -> str:
+        """A new Ed25519 signing key; its primary fingerprint."""
+        self.gpg("--passphrase", "", "--quick-gen-key", f"{name} <{name}@example.invalid>", "ed25519", "sign", "never")
+        return primary_fingerprints_of(self.gpg("--armor", "--export", f"{name}@example.invalid"))[0]
+
+    def armored(self, *fingerprints: str) -> str:
+        return self.gpg("--armor", "--export", *fingerprints)
+
+    def clearsign(self, fingerprint: str, text: str) -> str:
+        return self.gpg("--local-user", fingerprint, "--clearsign", "--digest-algo", "SHA256", stdin=text)
+
+    def close(self) -> None:
+        subprocess.run(["gpgconf", "--homedir", str(self.home), "--kill", "all"], capture_output=True, check=False)
+
+
+def primary_fingerprints_of(armored: str) -> list[str]:
+    home = Path(tempfile.mkdtemp(prefix="gpg-show-"))
+    try:
+        listing = subprocess.run(
+            ["gpg", "--homedir", str(home), "--batch", "--show-keys", "--with-colons"],
+            input=armored,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        shutil.rmtree(home)
+    records = [line.split(":") for line in listing.splitlines()]
+    return [fpr[9] for pub, fpr in itertools.pairwise(records) if pub[0] == "pub" and fpr[0] == "fpr"]
+
+
+@pytest.fixture
+def openpgp_keys() -> Iterator[OpenPGPKeys]:
+    require_tool("gpg", "gpgconf", "gpg-agent")
+    # A short path: gpg-agent's socket lives in the home and a socket path is limited to 108 bytes.
+    base = Path(tempfile.mkdtemp(prefix="labs-k8s-gpg-"))
+    keys = OpenPGPKeys(base / "home")
+    try:
+        yield keys
+    finally:
+        keys.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def apt_update(tmp_path: Path, keyring: Path, repository: Path) -> subprocess.CompletedProcess[str]:
+    """`apt-get update` of one flat file:// repository whose signed-by is `keyring`, in a scratch apt root."""
+    apt_root = tmp_path / "apt-root"
+    for directory in ("etc/apt/apt.conf.d", "etc/apt/preferences.d", "etc/apt/trusted.gpg.d",
+                      "var/lib/apt/lists/partial", "var/cache/apt/archives/partial", "var/lib/dpkg"):  # fmt: skip
+        (apt_root / directory).mkdir(parents=True, exist_ok=True)
+    (apt_root / "var/lib/dpkg/status").touch()
+    sources = apt_root / "etc/apt/sources.list"
+    sources.write_text(f"deb [signed-by={keyring}] file://{repository} ./\n")
+    return subprocess.run(
+        ["apt-get", "update", "-o", f"Dir={apt_root}", "-o", f"Dir::State::status={apt_root}/var/lib/dpkg/status",
+         "-o", "Dir::Etc::sourceparts=-", "-o", "APT::Sandbox::User=root", "-o", "Debug::NoLocking=1"],
+        capture_output=True, text=True, check=False, timeout=120, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+    )  # fmt: skip
+
+
+def signed_flat_repository(directory: Path, keys: OpenPGPKeys, signer: str) -> Path:
+    """An empty flat apt repository whose InRelease is signed by `signer`."""
+    directory.mkdir(parents=True)
+    (directory / "Packages").write_text("")
+    release = (
+        "Origin: labs-k8s test\nLabel: labs-k8s test\nSuite: stable\nCodename: stable\n"
+        f"Date: {email.utils.formatdate(usegmt=True)}\n"
+        f"SHA256:\n {hashlib.sha256(b'').hexdigest()} 0 Packages\n"
+    )
+    (directory / "InRelease").write_text(keys.clearsign(signer, release))
+    return directory
+
+
+def test_prepare_node_keeps_only_the_pinned_key_of_a_served_file_with_two(
+    harness: ShellHarness, cfg: LabConfig, openpgp_keys: OpenPGPKeys, tmp_path: Path
+) -> None:
+    """A served key file with the pinned key and another one (a compromised mirror or proxy adding
+    its own): the keyring apt gets holds the pinned key alone, and apt refuses a repository signed
+    by the other key while it accepts one signed by the pinned key. Real gpg, real apt (issue #30 §2)."""
+    h, keys = harness, openpgp_keys
+    pinned, other = keys.make("labs-k8s-pinned"), keys.make("labs-k8s-other")
+    served = keys.armored(pinned, other)
+    assert sorted(primary_fingerprints_of(served)) == sorted([pinned, other])
+    fresh_debian_node(h)
+    h.set_state("served-key.asc", served)
+    h.stub(
+        "curl",
+        r"""
+out=""; url=""
+while (($#)); do case $1 in -o) out=$2; shift ;; http*) url=$1 ;; esac; shift; done
+case $url in */gpg|*/Release.key) cp "$STATE/served-key.asc" "$out" ;; *) exit 6 ;; esac
+""",
+    )
+    h.stub("gpg", f'exec {shutil.which("gpg")} "$@"')
+    files = dict(k8s.prepare_files(cfg, cfg.workers[0]))
+    script = files[k8s.PREPARE_ENTRYPOINT]
+    # Pin the test's key in place of Docker's and the Kubernetes project's (their private keys are not ours).
+    for name in ("DOCKER_KEY_FINGERPRINT", "KUBERNETES_KEY_FINGERPRINT"):
+        script, count = re.subn(rf"^{name}=[0-9A-F]{{40}}$", f"{name}={pinned}", script, flags=re.MULTILINE)
+        assert count == 1, name
+    files[k8s.PREPARE_ENTRYPOINT] = script
+    h.install_step(files)
+    ok(h.run(k8s.PREPARE_ENTRYPOINT))
+
+    require_tool("apt-get", "gpgv")
+    keyrings = h.root / "etc/apt/keyrings"
+    keyring = keyrings / "docker.asc"
+    accepted = apt_update(
+        tmp_path / "by-pinned", keyring, signed_flat_repository(tmp_path / "repo-pinned", keys, pinned)
+    )
+    assert accepted.returncode == 0 and "NO_PUBKEY" not in accepted.stdout + accepted.stderr, accepted.stderr
+    refused = apt_update(tmp_path / "by-other", keyring, signed_flat_repository(tmp_path / "repo-other", keys, other))
+    assert "NO_PUBKEY " + other[-16:] in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "is not signed" in refused.stderr
+    for name in ("docker.asc", "kubernetes-apt-keyring.asc"):
+        assert primary_fingerprints_of((keyrings / name).read_text()) == [pinned], name

@@ -247,7 +247,9 @@ def test_a_node_without_data_disk_gets_no_disk_setup(cfg):
 def test_awkward_values_stay_values_not_yaml():
     """Quotes, colons, hashes and commas in free-text config must come back unchanged."""
     key = public_key(comment="ops: 'night' \"shift\" #1, [x]")
-    proxy = "http://cache.labs.local:3142/a,b#c"
+    # A proxy holds only URL characters (config.py refuses commas, hashes, quotes: issue #30 §3),
+    # and of those the colon, percent sign and tilde still mean something to YAML.
+    proxy = "http://cache.labs.local:3142/a:b%23c~"
 
     def awkward(raw):
         raw["ssh"]["publicKey"] = key

@@ -806,3 +806,35 @@ def test_the_certificate_key_goes_only_to_steps_that_upload_or_fetch_certificate
         "labs-k8s-m01-kubeadm-init",
         *(f"labs-k8s-m0{i}-{step}" for i in (1, 2, 3) for step in ("refresh-join-material", "kubeadm-join")),
     }
+
+
+def test_a_preview_runs_without_the_ssh_private_key_and_keeps_the_recorded_connections(monkeypatch):
+    """The preview job holds no SSH key (issue #30 §4): with LABS_K8S_PREVIEW_WITHOUT_SSH_KEY=true a
+    preview evaluates the whole graph, and every remote step compares its recorded connection
+    (the placeholder key would otherwise show every step as an update)."""
+    from components.stack_config import PREVIEW_PLACEHOLDER_PRIVATE_KEY, PREVIEW_WITHOUT_SSH_KEY
+
+    monkeypatch.setenv(PREVIEW_WITHOUT_SSH_KEY, "true")
+    preview = run_program("labs", overrides={"labs-k8s:sshPrivateKey": ""}, preview=True)
+    steps = [r for r in preview.registrations.values() if r.type == "command:remote:Command"]
+    assert len(steps) > 20
+    assert all("connection" in r.ignore_changes for r in steps)
+    assert all(r.plain_inputs["connection"]["privateKey"] == PREVIEW_PLACEHOLDER_PRIVATE_KEY for r in steps[:3])
+    assert all(r.inputs["connection"] == "[secret]" for r in steps)
+    assert not any("connection" in r.ignore_changes for r in preview.registrations.values() if "remote" not in r.type)
+    monkeypatch.delenv(PREVIEW_WITHOUT_SSH_KEY)
+    keyed = run_program("labs", preview=True)
+    assert {r.name for r in keyed.registrations.values()} == {r.name for r in preview.registrations.values()}
+    assert not any("connection" in r.ignore_changes for r in keyed.registrations.values())
+
+
+@pytest.mark.parametrize(("value", "preview"), [("true", False), ("yes", True)])
+def test_the_preview_only_path_is_refused_outside_a_preview(monkeypatch, value, preview):
+    from components.stack_config import PREVIEW_WITHOUT_SSH_KEY
+
+    monkeypatch.setenv(PREVIEW_WITHOUT_SSH_KEY, value)
+    monitors: list[RecordingMonitor] = []
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program("labs", preview=preview, monitor_sink=monitors)
+    assert f"{PREVIEW_WITHOUT_SSH_KEY}=" in str(caught.value) and "unset it" in str(caught.value)
+    assert monitors[0].registrations == {}

@@ -29,6 +29,7 @@ WORKFLOW = WORKFLOWS / "preview.yml"
 RENDER_DIFF = WORKFLOWS / "render-diff.yml"
 RENDER_DIFF_COMMENT = WORKFLOWS / "render-diff-comment.yml"
 SECRET_REF = re.compile(r"^\$\{\{ secrets\.[A-Z][A-Z0-9_]* \}\}$")
+CHECKOUT = "actions/checkout@11d5960a326750d5838078e36cf38b85af677262 # v4.4.0"
 
 
 def check_jsonschema() -> str:
@@ -86,8 +87,8 @@ def test_workflow_passes_the_schema_lint(path: Path) -> None:
         ("misspelt needs", "    needs: test\n", "    need: test\n"),
         (
             "step with uses and run",
-            "      - uses: actions/checkout@v4\n      - name: Python 3.11\n",
-            "      - uses: actions/checkout@v4\n        run: git status\n      - name: Python 3.11\n",
+            f"      - uses: {CHECKOUT}\n      - name: Python 3.11\n",
+            f"      - uses: {CHECKOUT}\n        run: git status\n      - name: Python 3.11\n",
         ),
     ],
 )
@@ -210,10 +211,12 @@ def test_a_self_managed_backend_gets_its_object_store_credentials(workflow: dict
     """The CLI reads a self-managed backend's state from its object store: the job passes the
     credentials each scheme's driver reads (gocloud.dev s3blob, azureblob; gcsblob uses the
     runner's Application Default Credentials), from secrets."""
-    env = workflow["jobs"]["preview"]["env"]
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_KEY"):
-        assert SECRET_REF.match(env[name]), name
-    assert env["AWS_REGION"] == "${{ vars.AWS_REGION }}"
+    steps = workflow["jobs"]["preview"]["steps"]
+    for step in (steps[step_index(steps, lambda s: "pulumi login" in s.get("run", ""))], preview_step(workflow)):
+        env = step["env"]
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_KEY"):
+            assert SECRET_REF.match(env[name]), name
+        assert env["AWS_REGION"] == "${{ vars.AWS_REGION }}"
     header = WORKFLOW.read_text().split("\nname:", 1)[0]
     for needle in ("s3://", "azblob://", "gs://", "GOOGLE_APPLICATION_CREDENTIALS", "AWS_REGION"):
         assert needle in header, needle
@@ -232,8 +235,13 @@ def test_pulumi_cli_matches_the_pinned_sdk(workflow: dict[str, Any]) -> None:
     assert versions == {pinned.group(1)}
 
 
+def preview_step(workflow: dict[str, Any]) -> dict[str, Any]:
+    steps = workflow["jobs"]["preview"]["steps"]
+    return steps[step_index(steps, lambda s: "pulumi preview --stack labs" in s.get("run", ""))]
+
+
 def test_credentials_come_only_from_secrets(workflow: dict[str, Any]) -> None:
-    env = workflow["jobs"]["preview"]["env"]
+    env = preview_step(workflow)["env"]
     for name in (
         "PULUMI_ACCESS_TOKEN",
         "PULUMI_CONFIG_PASSPHRASE",
@@ -242,10 +250,6 @@ def test_credentials_come_only_from_secrets(workflow: dict[str, Any]) -> None:
         "VSPHERE_PASSWORD",
     ):
         assert SECRET_REF.match(env[name]), f"{name} = {env[name]!r} is not a ${{{{ secrets.* }}}} reference"
-    key_step = next(s for s in workflow["jobs"]["preview"]["steps"] if "LABS_K8S_SSH_PRIVATE_KEY" in s.get("env", {}))
-    assert SECRET_REF.match(key_step["env"]["LABS_K8S_SSH_PRIVATE_KEY"])
-    # The private key reaches pulumi through stdin, never as a command-line argument.
-    assert "| pulumi config set --stack labs --secret labs-k8s:sshPrivateKey" in key_step["run"]
     text = WORKFLOW.read_text()
     assert "PRIVATE KEY-----" not in text
     # Any credential-looking key in the file has an expression for a value, never a literal.
@@ -253,6 +257,90 @@ def test_credentials_come_only_from_secrets(workflow: dict[str, Any]) -> None:
     values = [m.group(2) for line in text.splitlines() if (m := credential.match(line))]
     assert len(values) >= 5
     assert all(v.startswith("${{ ") for v in values), values
+
+
+# --------------------------------------------------------------------------- issue 30 §4: what the preview job holds
+
+# Which step may read which secret: the backend login, the preview itself, the comment's token.
+SECRETS_BY_STEP = {
+    "pulumi login": {"PULUMI_ACCESS_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AZURE_STORAGE_ACCOUNT",
+                     "AZURE_STORAGE_KEY"},
+    "pulumi preview --stack labs": {"PULUMI_ACCESS_TOKEN", "PULUMI_CONFIG_PASSPHRASE", "VSPHERE_SERVER", "VSPHERE_USER",
+                                    "VSPHERE_PASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                    "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_KEY"},
+    "components.tools.pr_comment post": {"GITHUB_TOKEN"},
+}  # fmt: skip
+
+
+def test_the_preview_job_scopes_each_secret_to_the_steps_that_need_it(workflow: dict[str, Any]) -> None:
+    """No secret at the job level, where `make venv` (the pull request's Makefile) and every action
+    would see it; each step has exactly the secrets its command needs."""
+    job = workflow["jobs"]["preview"]
+    assert "secrets." not in yaml.safe_dump(job.get("env", {}))
+    for step in job["steps"]:
+        secrets = {name for name, value in step.get("env", {}).items() if "secrets." in str(value)}
+        assert "secrets." not in yaml.safe_dump(step.get("with", {})), step.get("name")
+        allowed = [names for marker, names in SECRETS_BY_STEP.items() if marker in step.get("run", "")]
+        assert secrets == (allowed[0] if allowed else set()), step.get("name") or step.get("uses")
+
+
+def test_every_action_is_pinned_by_its_commit_sha() -> None:
+    """A tag (v4) can be moved to other code by whoever controls the action's repository: every
+    `uses:` names a full commit SHA, its tag in a comment (the SHAs read from the actions'
+    repositories: `git rev-parse <tag>^{commit}`)."""
+    pinned = re.compile(r"^\s*(?:- )?uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40}) # (v\d+\.\d+\.\d+)\b")
+    for path in (WORKFLOW, RENDER_DIFF, RENDER_DIFF_COMMENT):
+        lines = [line for line in path.read_text().splitlines() if re.match(r"^\s*(- )?uses:", line)]
+        assert lines, path.name
+        for line in lines:
+            assert pinned.match(line), f"{path.name}: {line.strip()} is not pinned by commit SHA"
+
+
+def test_pulumi_home_is_the_jobs_own_and_is_logged_out_whatever_happens(workflow: dict[str, Any]) -> None:
+    steps = workflow["jobs"]["preview"]["steps"]
+    home = step_index(steps, lambda s: "PULUMI_HOME=" in s.get("run", ""))
+    assert steps[home]["run"].strip() == 'echo "PULUMI_HOME=$RUNNER_TEMP/pulumi-home" >> "$GITHUB_ENV"'
+    pulumi_steps = [
+        i
+        for i, s in enumerate(steps)
+        if "pulumi " in s.get("run", "") or str(s.get("uses", "")).startswith("pulumi/actions@")
+    ]
+    assert pulumi_steps and home < min(pulumi_steps)
+    logout = steps[-1]
+    assert logout["if"] == "always()"
+    assert "pulumi logout --all" in logout["run"] and 'rm -rf "$PULUMI_HOME"' in logout["run"]
+
+
+def test_the_preview_job_holds_no_ssh_private_key(workflow: dict[str, Any]) -> None:
+    """A preview runs no remote command: the job sets the preview-only path instead of the key
+    that gives root on every node (components/stack_config.py, tests/test_program.py)."""
+    from components.stack_config import PREVIEW_WITHOUT_SSH_KEY
+
+    assert "SSH_PRIVATE_KEY" not in WORKFLOW.read_text()
+    job = yaml.safe_dump(workflow["jobs"]["preview"].get("env", {}))
+    for step in workflow["jobs"]["preview"]["steps"]:
+        assert "sshPrivateKey" not in step.get("run", ""), step.get("name")  # no `config set` of it
+        job += yaml.safe_dump(step.get("env", {}))
+    assert "PRIVATE_KEY" not in job.replace(PREVIEW_WITHOUT_SSH_KEY, "")
+    assert preview_step(workflow)["env"][PREVIEW_WITHOUT_SSH_KEY] == "true"
+    steps = workflow["jobs"]["preview"]["steps"]
+    assert [s for s in steps if PREVIEW_WITHOUT_SSH_KEY in s.get("env", {})] == [preview_step(workflow)]
+
+
+def test_the_runbook_states_what_the_workflow_cannot_enforce() -> None:
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    gate = runbook.split("### The preview job's approval gate", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(gate.split())
+    for requirement in (
+        "An ephemeral runner in a runner group for this repository only",
+        "A preview stack or state without `up`-account secrets and with read-only backend credentials",
+        'Approval of a preview run means "cluster-admin, root and vCenter write"',
+        "`pulumi logout --all`",
+        "`LABS_K8S_PREVIEW_WITHOUT_SSH_KEY=true`",
+        "pinned by its full commit SHA",
+    ):
+        assert requirement in flat, requirement
+    assert "LABS_K8S_SSH_PRIVATE_KEY`, stored" not in flat
 
 
 # --------------------------------------------------------------------------- render diff

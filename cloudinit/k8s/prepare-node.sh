@@ -207,15 +207,29 @@ install_base_packages() {
     fi
 }
 
-# install_verified_key URL FINGERPRINT DEST: download a repository signing key and install it as
-# DEST only when it is the key with FINGERPRINT (a compromised mirror or proxy cannot swap it).
+# primary_fingerprints FILE: the fingerprint of every primary key in the OpenPGP key file FILE,
+# one a line (a subkey's `fpr` record follows a `sub` record, not a `pub` one).
+primary_fingerprints() {
+    local gnupg_home
+    gnupg_home=$(mktemp -d)
+    GNUPGHOME=$gnupg_home gpg --batch --show-keys --with-colons "$1" 2>/dev/null |
+        awk -F: '$1 == "pub" {want = 1; next} $1 == "fpr" && want {print $10} {want = 0}'
+    rm -rf "$gnupg_home"
+}
+
+# install_verified_key URL FINGERPRINT DEST: download a repository signing key and install as
+# DEST the key with FINGERPRINT alone (a compromised mirror or proxy cannot swap it).
+# The file is imported into a throwaway keyring and only the primary key with FINGERPRINT (its
+# user ids and subkeys) is exported to DEST: apt trusts every key in a signed-by keyring, so a
+# served file holding the pinned key and another one would otherwise let apt accept a repository
+# signed by the other (labs-k8s issue #30 §2). A file without that primary key is refused.
 # Every prepare run fetches it again: upstream extends its keys' expiry and adds subkeys under the
 # same fingerprint, and a keyring kept from the first run would make a later `apt-get update`
 # (an upgrade months on) fail on an expired key. A download that fails keeps the installed key
 # (the node may be offline meanwhile); a key with another fingerprint is refused every time.
 # Sets WROTE when DEST changed.
 install_verified_key() {
-    local url=$1 fingerprint=$2 dest=$3 tmp gnupg_home
+    local url=$1 fingerprint=$2 dest=$3 tmp pinned gnupg_home
     local proxy=()
     [[ -z $APT_PROXY ]] || proxy=(--proxy "$APT_PROXY")
     WROTE=0
@@ -226,20 +240,26 @@ install_verified_key() {
         log "WARNING: could not download $url to check it again; keeping the installed ${dest#"$ROOT"}"
         return 0
     fi
-    gnupg_home=$(mktemp -d)
-    if ! GNUPGHOME=$gnupg_home gpg --batch --show-keys --with-colons "$tmp" 2>/dev/null |
-        awk -F: '$1 == "fpr" {print $10}' | grep -qx "$fingerprint"; then
-        rm -rf "$gnupg_home" "$tmp"
+    if ! primary_fingerprints "$tmp" | grep -qx "$fingerprint"; then
+        rm -f "$tmp"
         die "the key served by $url does not have the fingerprint $fingerprint"
     fi
-    rm -rf "$gnupg_home"
-    if [[ -s $dest ]] && cmp -s "$tmp" "$dest"; then
-        rm -f "$tmp"
+    pinned=$(mktemp)
+    gnupg_home=$(mktemp -d)
+    if ! GNUPGHOME=$gnupg_home gpg --batch --quiet --import "$tmp" 2>/dev/null ||
+        ! GNUPGHOME=$gnupg_home gpg --batch --armor --export "$fingerprint" >"$pinned" 2>/dev/null ||
+        [[ $(primary_fingerprints "$pinned") != "$fingerprint" ]]; then
+        rm -rf "$gnupg_home" "$tmp" "$pinned"
+        die "could not keep only the key $fingerprint of the file served by $url"
+    fi
+    rm -rf "$gnupg_home" "$tmp"
+    if [[ -s $dest ]] && cmp -s "$pinned" "$dest"; then
+        rm -f "$pinned"
         return 0
     fi
-    install -m 0644 "$tmp" "$dest"
-    rm -f "$tmp"
-    log "installed ${dest#"$ROOT"} (fingerprint $fingerprint, from $url)"
+    install -m 0644 "$pinned" "$dest"
+    rm -f "$pinned"
+    log "installed ${dest#"$ROOT"} (fingerprint $fingerprint alone, from $url)"
     WROTE=1
 }
 
