@@ -96,6 +96,8 @@ JOIN_PHASES = (
 API_PHASES = {"upload-config", "upload-certs", "mark-control-plane", "bootstrap-token", "addon"}
 
 CONFS = ("admin.conf", "super-admin.conf", "kubelet.conf", "controller-manager.conf", "scheduler.conf")
+# The kubeconfigs kubeadm points at the node's own API server (localAPIEndpoint), not the VIP.
+LOCAL_CONFS = ("controller-manager.conf", "scheduler.conf")
 CONTROL_PLANE_MANIFESTS = ("kube-apiserver.yaml", "kube-controller-manager.yaml", "kube-scheduler.yaml")
 BOOTSTRAP_RBAC = (
     "clusterrolebinding/kubeadm:kubelet-bootstrap",
@@ -627,7 +629,11 @@ class Kubeadm:
                         kubelet_conf_text(self.c, self.local_endpoint(), embedded=True, name=self.host),
                     )
                 else:
-                    write(self.root, f"/etc/kubernetes/{conf}", f"clusters:\n- cluster:\n    server: {endpoint}\n")
+                    # The controller manager and the scheduler talk to this node's own API server,
+                    # the admins to controlPlaneEndpoint (phases/kubeconfig/kubeconfig.go
+                    # getKubeConfigSpecsBase: localAPIEndpoint for those two).
+                    server = self.local_endpoint() if conf in LOCAL_CONFS else endpoint
+                    write(self.root, f"/etc/kubernetes/{conf}", f"clusters:\n- cluster:\n    server: {server}\n")
         elif phase == "etcd":
             write(self.root, "/etc/kubernetes/manifests/etcd.yaml", "kind: Pod # etcd\n")
             if not self.c.s["members"]:  # a new single-member cluster (initial-cluster-state new)
@@ -851,8 +857,12 @@ class Kubeadm:
             # (phases/kubeconfig/kubeconfig.go CreateJoinControlPlaneKubeConfigFiles).
             endpoint = "https://" + discovery["apiServerEndpoint"]
             write(self.root, "/etc/kubernetes/admin.conf", kubeconfig_text(self.c, endpoint, "kubernetes-admin"))
-            for conf in ("controller-manager.conf", "scheduler.conf"):
-                write(self.root, f"/etc/kubernetes/{conf}", f"clusters:\n- cluster:\n    server: {endpoint}\n")
+            for conf in LOCAL_CONFS:  # this node's own API server, as in init (getKubeConfigSpecsBase)
+                write(
+                    self.root,
+                    f"/etc/kubernetes/{conf}",
+                    f"clusters:\n- cluster:\n    server: {self.local_endpoint()}\n",
+                )
             for manifest in CONTROL_PLANE_MANIFESTS:
                 write(self.root, f"/etc/kubernetes/manifests/{manifest}", f"kind: Pod # {manifest}\n")
         self.die_after("join", "control-plane-prepare")

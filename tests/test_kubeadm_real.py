@@ -568,7 +568,7 @@ def test_the_stand_in_kubeadm_refuses_a_config_the_real_one_refuses(tmp_path: Pa
     harness.install_step(broken)
     refused = harness.run(k8s.INIT_ENTRYPOINT)
     assert refused.returncode != 0
-    assert 'unknown field "kubeletExtraArguments"' in (harness.step / "kubeadm-init.log").read_text()
+    assert 'unknown field "nodeRegistration.kubeletExtraArguments"' in (harness.step / "kubeadm-init.log").read_text()
     assert not (harness.root / "etc/kubernetes/pki/ca.crt").exists(), "the model ran a phase anyway"
 
     harness = _first_control_plane(tmp_path / "rendered", cfg)
@@ -594,3 +594,19 @@ def test_under_ci_the_stand_in_kubeadm_needs_the_real_one(tmp_path: Path) -> Non
     result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode != 0
     assert f"CI=true and no real kubeadm to validate {config}" in result.stderr
+
+
+def test_the_stand_in_writes_the_kubeconfigs_the_real_kubeadm_writes(tmp_path: Path, dry_run: Any) -> None:
+    """After kubeadm-init.sh over the stand-ins, each kubeconfig names the API server the real
+    kubeadm's names (kubeadm init --dry-run of the same config): the VIP for admin.conf and
+    super-admin.conf, the node's own for the kubelet, controller manager and scheduler."""
+    cfg = make_lab_config()
+    harness = _first_control_plane(tmp_path, cfg)
+    harness.install_step(k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY))
+    done = harness.run(k8s.INIT_ENTRYPOINT)
+    assert done.returncode == 0, done.stderr
+    real = dry_run("default", kubeadm_real.minor_of(cfg.kubernetes.version))
+    server = re.compile(r"^\s+server: (\S+)$", flags=re.M)
+    for conf in ("admin.conf", "super-admin.conf", "kubelet.conf", "controller-manager.conf", "scheduler.conf"):
+        modelled = server.findall((harness.root / "etc/kubernetes" / conf).read_text())
+        assert modelled == server.findall(real.file(conf)), f"{conf}: the stand-in names {modelled}"
