@@ -7,7 +7,7 @@
 # the key is a digest of that minor's manifest entry, its wrapper module (go.mod, go.sum, tools.go)
 # and the Go version; a warm run rebuilds nothing, and a new pin of one minor rebuilds that one
 # only. The Go build cache (go env GOCACHE) is the machine's, as for any Go build. nice: the build
-# shares the machine with whatever else runs (cold: several minutes a minor on 2 cores).
+# shares the machine with whatever else runs (cold: 11 to 16 minutes a minor on 2 busy cores).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -58,7 +58,7 @@ build() {
     rm -rf "$out"
     mkdir -p "$out"
     start_s=$SECONDS
-    log "building kubeadm $version with $("$go" env GOVERSION) (cold: several minutes on 2 cores)"
+    log "building kubeadm $version with $("$go" env GOVERSION) (cold: 11 to 16 minutes on 2 busy cores)"
     (cd "$wrapper" && CGO_ENABLED=0 GOFLAGS=-mod=readonly nice -n 10 "$go" build -trimpath \
         -tags selinux,notest,grpcnotrace -ldflags "${ldflags[*]}" -o "$out/kubeadm" "$package")
     reported=$("$out/kubeadm" version -o short)
