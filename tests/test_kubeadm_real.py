@@ -250,7 +250,6 @@ class DryRun:
         return flags
 
 
-@cache
 def _dry_run(lab_name: str, minor: str, out: Path) -> DryRun:
     cfg = lab(lab_name, minor)
     (out / "dryrun").mkdir(parents=True)
