@@ -15,7 +15,7 @@ PIP := $(VENV)/bin/pip
 # Our lock files hold PyPI hashes: ignore machine-wide pip settings (extra indexes, find-links).
 PIP_ENV := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=
 
-.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain stack-named
+.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain kubeadm stack-named
 
 help:
 	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack \$$STACK"
@@ -92,7 +92,13 @@ toolchain: system-deps
 	bash tests/tools/build_toolchain.sh >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "the Pulumi toolchain could not be built here; the real-engine tests will skip (they fail under CI=true)" >&2; }
 
-test: venv-dev system-deps vcsim toolchain
+# The real kubeadm of every Kubernetes minor the lab supports or upgrades between, built from the
+# Go module proxy (tests/tools/kubeadm/manifest.json): it validates and dry-runs what we render.
+kubeadm: system-deps
+	bash tests/tools/build_kubeadm.sh >/dev/null || { [ "$${CI:-}" != true ] && \
+	  echo "kubeadm could not be built here; the real-kubeadm tests will skip (they fail under CI=true)" >&2; }
+
+test: venv-dev system-deps vcsim toolchain kubeadm
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

@@ -78,6 +78,8 @@ HOUR = 3600.0
 # certificate.NewFileStore("kubelet-client", certDir).CurrentPath()
 KUBELET_PEM = "/var/lib/kubelet/pki/kubelet-client-current.pem"
 KUBELET_VERSION = "v1.36.0"
+# The directory of the real kubeadm-<minor> binaries (tests/kubeadm_real.py REAL_KUBEADM_DIR_ENV).
+REAL_KUBEADM_DIR_ENV = "HARNESS_REAL_KUBEADM_DIR"
 CERT_TOKEN_TTL = 2 * HOUR  # constants.DefaultCertTokenDuration
 TOKEN_TTL = 24 * HOUR  # constants.DefaultTokenDuration
 
@@ -94,6 +96,8 @@ JOIN_PHASES = (
 API_PHASES = {"upload-config", "upload-certs", "mark-control-plane", "bootstrap-token", "addon"}
 
 CONFS = ("admin.conf", "super-admin.conf", "kubelet.conf", "controller-manager.conf", "scheduler.conf")
+# The kubeconfigs kubeadm points at the node's own API server (localAPIEndpoint), not the VIP.
+LOCAL_CONFS = ("controller-manager.conf", "scheduler.conf")
 CONTROL_PLANE_MANIFESTS = ("kube-apiserver.yaml", "kube-controller-manager.yaml", "kube-scheduler.yaml")
 BOOTSTRAP_RBAC = (
     "clusterrolebinding/kubeadm:kubelet-bootstrap",
@@ -490,6 +494,37 @@ def load_documents(path: str) -> dict[str, dict[str, Any]]:
     return {d["kind"]: d for d in docs}
 
 
+def real_kubeadm_validate(path: str, documents: dict[str, dict[str, Any]]) -> None:
+    """Refuse what the real kubeadm refuses: `kubeadm config validate` of the same file, by the
+    real kubeadm of the config's minor (ClusterConfiguration.kubernetesVersion; a JoinConfiguration
+    has none: the minor of this model's kubeadm, KUBELET_VERSION). The harness names the directory of
+    the built binaries (tests/kubeadm_real.py) in REAL_KUBEADM_DIR_ENV; under CI=true it must."""
+    import subprocess
+
+    directory = os.environ.get(REAL_KUBEADM_DIR_ENV, "")
+    if not directory:
+        if os.environ.get("CI", "").lower() == "true":
+            raise Fail(
+                f"stand-in kubeadm: CI=true and no real kubeadm to validate {path} with "
+                f"({REAL_KUBEADM_DIR_ENV} is empty: tests/tools/build_kubeadm.sh failed)"
+            )
+        return
+    version = str(documents.get("ClusterConfiguration", {}).get("kubernetesVersion") or KUBELET_VERSION)
+    match = re.match(r"^v?(1\.\d+)\.\d+$", version)
+    if match is None:
+        raise Fail(f"stand-in kubeadm: kubernetesVersion {version!r} is not v1.MINOR.PATCH")
+    binary = Path(directory) / f"kubeadm-{match.group(1)}"
+    if not binary.exists():
+        raise Fail(
+            f"stand-in kubeadm: no real kubeadm {match.group(1)} in {directory} (tests/tools/kubeadm/manifest.json)"
+        )
+    proc = subprocess.run(
+        [str(binary), "config", "validate", "--config", path], capture_output=True, text=True, timeout=60, check=False
+    )
+    if proc.returncode != 0:
+        raise Fail(proc.stderr.strip() or f"kubeadm config validate exited {proc.returncode}", proc.returncode)
+
+
 def kubeconfig_server(path: str) -> str:
     if not Path(path).exists():
         raise Fail(f"error: stat {path}: no such file or directory")
@@ -528,7 +563,9 @@ class Kubeadm:
         path = flag(self.args, "--config")
         if path is None:
             raise Fail("this stand-in needs --config")
-        return load_documents(path)
+        documents = load_documents(path)
+        real_kubeadm_validate(path, documents)
+        return documents
 
     # -------------------------------------------------------------- init phases
     def require_api(self, phase: str) -> None:
@@ -592,7 +629,11 @@ class Kubeadm:
                         kubelet_conf_text(self.c, self.local_endpoint(), embedded=True, name=self.host),
                     )
                 else:
-                    write(self.root, f"/etc/kubernetes/{conf}", f"clusters:\n- cluster:\n    server: {endpoint}\n")
+                    # The controller manager and the scheduler talk to this node's own API server,
+                    # the admins to controlPlaneEndpoint (phases/kubeconfig/kubeconfig.go
+                    # getKubeConfigSpecsBase: localAPIEndpoint for those two).
+                    server = self.local_endpoint() if conf in LOCAL_CONFS else endpoint
+                    write(self.root, f"/etc/kubernetes/{conf}", f"clusters:\n- cluster:\n    server: {server}\n")
         elif phase == "etcd":
             write(self.root, "/etc/kubernetes/manifests/etcd.yaml", "kind: Pod # etcd\n")
             if not self.c.s["members"]:  # a new single-member cluster (initial-cluster-state new)
@@ -816,8 +857,12 @@ class Kubeadm:
             # (phases/kubeconfig/kubeconfig.go CreateJoinControlPlaneKubeConfigFiles).
             endpoint = "https://" + discovery["apiServerEndpoint"]
             write(self.root, "/etc/kubernetes/admin.conf", kubeconfig_text(self.c, endpoint, "kubernetes-admin"))
-            for conf in ("controller-manager.conf", "scheduler.conf"):
-                write(self.root, f"/etc/kubernetes/{conf}", f"clusters:\n- cluster:\n    server: {endpoint}\n")
+            for conf in LOCAL_CONFS:  # this node's own API server, as in init (getKubeConfigSpecsBase)
+                write(
+                    self.root,
+                    f"/etc/kubernetes/{conf}",
+                    f"clusters:\n- cluster:\n    server: {self.local_endpoint()}\n",
+                )
             for manifest in CONTROL_PLANE_MANIFESTS:
                 write(self.root, f"/etc/kubernetes/manifests/{manifest}", f"kind: Pod # {manifest}\n")
         self.die_after("join", "control-plane-prepare")

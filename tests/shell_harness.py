@@ -31,6 +31,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from tests import kubeadm_real
+from tests.kubeadm_real import REAL_KUBEADM_DIR_ENV
+
 STANDIN = Path(__file__).with_name("kube_standin.py")
 
 TEST_TOKEN = "abcdef.0123456789abcdef"
@@ -308,6 +311,10 @@ class ShellHarness:
             "HARNESS_NODE_IP": self.ip,
             "HARNESS_PYTHON": sys.executable,
             "HARNESS_STANDIN": str(STANDIN),
+            # The stand-in kubeadm validates every --config with the real kubeadm first (and under
+            # CI=true refuses to run without it): tests/kubeadm_real.py builds it once a session.
+            "CI": os.environ.get("CI", ""),
+            REAL_KUBEADM_DIR_ENV: str(kubeadm_real.build() or ""),
         }
         bash = shutil.which("bash") or "/bin/bash"
         return subprocess.run(

@@ -151,10 +151,16 @@ def test_the_test_job_keeps_what_the_suite_builds_for_itself(workflow: dict[str,
         ".cache/vcsim" in paths
         and 'CACHE_DIR="$REPO/.cache/vcsim"' in (REPO / "tests" / "tools" / "build_vcsim.sh").read_text()
     )
+    assert (
+        ".cache/kubeadm" in paths
+        and 'CACHE="$REPO/.cache/kubeadm"' in (REPO / "tests" / "tools" / "build_kubeadm.sh").read_text()
+    )
     patterns = re.findall(r"'([^']+)'", re.search(r"hashFiles\((.*?)\)", options["key"]).group(1))
     inputs = [
         *firstboot.RECIPE_FILES,
         REPO / "tests" / "tools" / "build_vcsim.sh",
+        REPO / "tests" / "tools" / "build_kubeadm.sh",
+        *(REPO / "tests" / "tools" / "kubeadm").rglob("go.*"),
         *(REPO / "cloudinit" / "template").iterdir(),
         REPO / "components" / "rendering" / "template.py",
     ]
