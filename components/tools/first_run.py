@@ -41,7 +41,7 @@ from typing import Any
 
 from components.config import NAMESPACE, LabConfigError, load_lab_config
 from components.previous_state import INITIAL_DEPLOYMENT_OUTPUT
-from components.stack_config import SSH_PRIVATE_KEY, provider_bool
+from components.stack_config import SSH_PRIVATE_KEY, provider_bool, unknown_vsphere_keys
 from components.tools.offline import (
     PLACEHOLDER_PUBLIC_KEY,
     PROJECT,
@@ -285,6 +285,7 @@ def settings_problems(stack: str, document: dict[str, Any]) -> list[str]:
         load_lab_config(raw)
     except LabConfigError as error:
         problems += [str(p) for p in error.problems]
+    problems += unknown_vsphere_keys(config)
     for key, source in MUST_BE_SECRET.items():
         if key in config and not (isinstance(config[key], dict) and "secure" in config[key]):
             # Said without the value: it is in clear in the file, and must not reach a terminal or a log too.
