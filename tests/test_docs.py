@@ -54,7 +54,10 @@ def test_make_up_runs_pulumi_up_on_the_stack_it_is_given():
     assert re.search(r"^up: stack-named venv$", makefile, flags=re.M)
     # Its recipe's last line hands over to the CLI (after the checks of components/tools/first_run.py).
     # (without SSH_AUTH_SOCK: a stale agent socket fails every remote step, tests/test_first_install.py)
-    assert re.search(r"^up: .*\n(?:\t.*\n)*?\t\$\(NO_AGENT\) pulumi up --stack \$\(STACK\)$", makefile, flags=re.M)
+    # ARGS (empty unless given) passes --yes, --target, --replace or --parallel through (issue 33).
+    assert re.search(
+        r"^up: .*\n(?:\t.*\n)*?\t\$\(NO_AGENT\) pulumi up --stack \$\(STACK\) \$\(ARGS\)$", makefile, flags=re.M
+    )
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)

@@ -298,6 +298,21 @@ def test_a_missing_xorriso_stops_up_before_the_iso_download(sandbox):
     assert "xorriso" not in sandbox.make("preview", f"STACK={STACK}", PATH=f"{sandbox.bin}:{bare}").stderr
 
 
+def test_args_reach_the_pulumi_cli_and_make_help_says_how(sandbox):
+    """make up/preview/destroy could not pass --yes, --target, --replace or --parallel (issue 33)."""
+    ready_stack(sandbox)
+    up = sandbox.make("up", f"STACK={STACK}", "ARGS='--yes --parallel 4 --target urn:pulumi:x'")
+    assert up.returncode == 0, up.stderr
+    assert sandbox.calls()[-1] == ["up", "--stack", STACK, "--yes", "--parallel", "4", "--target", "urn:pulumi:x"]
+    preview = sandbox.make("preview", f"STACK={STACK}", "ARGS=--refresh")
+    assert preview.returncode == 0, preview.stderr
+    assert sandbox.calls()[-1][:4] == ["preview", "--stack", STACK, "--diff"] and sandbox.calls()[-1][-1] == "--refresh"
+    shown = subprocess.run(["make", "-s", "help"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    assert "ARGS='...' is passed to the Pulumi CLI" in shown and "--target URN" in shown and "--replace URN" in shown
+    # bench/lb_failover.py refuses without root (network namespaces): help says so before it is run.
+    assert "root" in next(line for line in shown.splitlines() if line.startswith("make bench"))
+
+
 def test_a_complete_stack_reaches_pulumi_up(sandbox):
     ready_stack(sandbox)
     result = sandbox.make("up", f"STACK={STACK}")
