@@ -150,10 +150,9 @@ def commands_of(block: str) -> list[str]:
 def test_the_readme_first_lab_run_in_order_reaches_pulumi_up(tmp_path, variant):
     blocks = first_lab_blocks(variant)
     assert commands_of(blocks[0]) == list(NOT_RUN_HERE)
-    setup = (REPO_ROOT / "README.md").read_text().split("## Set up", 1)[1]
-    first_setup_command = re.search(r"```sh\n(.*?)\n", setup).group(1).split("#")[0].strip()
-    assert first_setup_command == "make up"
-    script = "\n".join(line for block in blocks[1:] for line in commands_of(block)) + "\nmake up\n"
+    # Step 7 is its own `make up`: the path never lands on the Set up block, where `make test` stands (issue 33).
+    assert commands_of(blocks[-1]) == ["make up"]
+    script = "\n".join(line for block in blocks[1:] for line in commands_of(block)) + "\n"
 
     box = Sandbox(tmp_path)
     editor = tmp_path / "editor"  # the user's edit (step 4): this site's datacenter

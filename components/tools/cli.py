@@ -15,6 +15,9 @@ live lab; a live drill needs the stack named (--stack or $STACK) (components/too
 `python -m components privileges [--stack labs] [--phase up|preview]`: the govc commands that
 create the vCenter roles this project needs (docs/runbook.md, "vCenter privileges").
 
+`python -m components logs --stack STACK NODE [STEP]`: a failed step's logs, from its node over
+the stack's pinned SSH connection (components/tools/logs.py).
+
 `python -m components check --stack STACK --for up|preview|destroy`: what `make up`, `make preview`
 and `make destroy` run before the Pulumi CLI: the CLI, the login, the stack and its settings.
 
@@ -85,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     diff_parser.add_argument("--against", required=True, metavar="REF", help="git ref to compare with (the base)")
     diff_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (the PR comment)")
     drill_cli.add_parser(commands)
+    logs_parser = commands.add_parser("logs", help="a failed step's logs, from its node over the pinned SSH connection")
+    logs_parser.add_argument("--stack", default=os.environ.get("STACK") or None, help="the stack (default: $STACK)")
+    logs_parser.add_argument("node", help="the node the step ran on, e.g. labs-k8s-m01")
+    logs_parser.add_argument("step", nargs="?", help="the step, e.g. labs-k8s-m01-kubeadm-init (default: every step)")
     privileges_parser = commands.add_parser("privileges", help="govc commands creating the vCenter roles")
     privileges_parser.add_argument("--stack", help="fill in this stack's datacenter, folder, ... (default: variables)")
     privileges_parser.add_argument(
@@ -115,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         return first_run.check(args.stack, args.purpose)
     if args.command == "drill":
         return drill_cli.run(args)
+    if args.command == "logs":
+        from components.tools import logs
+
+        return logs.cli(args.stack, args.node, args.step)
     return 2
 
 
