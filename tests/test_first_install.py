@@ -405,6 +405,16 @@ def test_a_config_mistake_stops_up_before_the_cli_runs_up(sandbox):
     assert "up" not in sandbox.commands()
 
 
+def test_a_mistyped_vsphere_key_stops_up_with_did_you_mean(sandbox):
+    """`vsphere:usr` was ignored: only the missing vsphere:user was reported (issue 33)."""
+    ready_stack(sandbox)
+    sandbox.run(f"pulumi config set --stack {STACK} vsphere:usr someone@vsphere.local\n")
+    result = sandbox.make("up", f"STACK={STACK}")
+    assert result.returncode != 0
+    assert "vsphere:usr: unknown key" in result.stderr and "Did you mean vsphere:user?" in result.stderr
+    assert "up" not in sandbox.commands()
+
+
 def test_settings_from_pulumi_esc_are_left_to_the_program(sandbox):
     ready_stack(sandbox)
     document = yaml.safe_load(sandbox.stack_file(STACK).read_text())
