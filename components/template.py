@@ -152,7 +152,8 @@ def report_progress(spec: TemplateInputs, message: str) -> None:
     so pulumi.log.info, with or without a resource, prints "info: <message>" on the host's stderr
     (lib/pulumi/log.py info). The engine reads a provider plugin's stderr line by line and shows
     each line as an info diagnostic (sdk/go/common/resource/plugin/plugin.go newPlugin runtrace),
-    without a resource (the line carries the template's name instead)."""
+    without a resource: the CLI puts it on the stack's row (pkg/backend/display/progress.go
+    processNormalEvent), so the line carries the template's name."""
     pulumi.log.info(f"golden template {spec.name}: {message}")
 
 
