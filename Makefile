@@ -8,6 +8,8 @@ SHELL := bash
 # `export STACK` created a stack named after the example and wrote its encryptionsalt into the
 # tracked Pulumi.labs.yaml. `make render` alone, offline, falls back to the example.
 STACK ?=
+# Passed to the Pulumi CLI by up, preview and destroy: ARGS='--yes', '--target URN', '--parallel 4'.
+ARGS ?=
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -21,13 +23,15 @@ help:
 	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack \$$STACK"
 	@echo "make preview  check, then pulumi preview --stack \$$STACK --diff (what a pull request shows)"
 	@echo "make destroy  check, then pulumi destroy --stack \$$STACK --refresh (never creates a stack)"
-	@echo "              these three need STACK=<site> or export STACK (README, \"Your first lab\", step 3)"
+	@echo "              these three need STACK=<site> or export STACK (README, \"Your first lab\", step 3);"
+	@echo "              ARGS='...' is passed to the Pulumi CLI: make up ARGS='--yes --parallel 4',"
+	@echo "              ARGS='--target URN', ARGS='--replace URN'"
 	@echo "make render   offline: plan.json, graph.mmd and every file pushed to a machine, into render/"
 	@echo "make test     create the virtualenv, install what the tests need, run the whole suite"
 	@echo "make lint     ruff (lint and format), mypy, the import contracts and shellcheck"
 	@echo "make venv     only the virtualenv .venv with the pinned runtime dependencies (Python 3.11+)"
 	@echo "make lock     renew requirements*.txt (pinned, with hashes) from requirements*.in"
-	@echo "make bench    print the benchmarks' figures"
+	@echo "make bench    print the benchmarks' figures (as root: the failover bench runs in network namespaces)"
 
 $(VENV)/.runtime: requirements.txt
 	bash scripts/make-venv.sh $(PYTHON) $(VENV)
@@ -61,11 +65,11 @@ stack-named:
 # (components/tools/first_run.py). Each problem comes with the command that fixes it.
 up: stack-named venv
 	$(PY) -m components check --stack $(STACK) --for up
-	$(NO_AGENT) pulumi up --stack $(STACK)
+	$(NO_AGENT) pulumi up --stack $(STACK) $(ARGS)
 
 preview: stack-named venv
 	$(PY) -m components check --stack $(STACK) --for preview
-	$(NO_AGENT) pulumi preview --stack $(STACK) --diff
+	$(NO_AGENT) pulumi preview --stack $(STACK) --diff $(ARGS)
 
 # --refresh: `pulumi destroy` alone trusts the state, and the vSphere provider's delete of a VM that
 # is already gone from vCenter fails ("cannot locate virtual machine with UUID"), while its read
@@ -73,7 +77,7 @@ preview: stack-named venv
 # virtualmachine.UUIDNotFoundError). Reading first lets a destroy finish with a node already gone.
 destroy: stack-named venv
 	$(PY) -m components check --stack $(STACK) --for destroy
-	$(NO_AGENT) pulumi destroy --stack $(STACK) --refresh
+	$(NO_AGENT) pulumi destroy --stack $(STACK) --refresh $(ARGS)
 
 render: venv
 	$(PY) -m components render --stack $(or $(STACK),labs) --out render

@@ -906,6 +906,48 @@ def _moved_key_problems(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[Co
     return cleaned, problems
 
 
+def snake_case_problems(raw: Any, model: type[BaseModel] = LabConfig, key: str = "") -> list[ConfigProblem]:
+    """Keys written snake_case (data_disk_gib): pydantic takes them by name (populate_by_name, which
+    the Python code needs), so they passed silently although the YAML's keys are camelCase."""
+    if isinstance(raw, list):
+        return [p for i, item in enumerate(raw) for p in snake_case_problems(item, model, f"{key}[{i}]")]
+    if not isinstance(raw, Mapping):
+        return []
+    problems = []
+    fields = model.model_fields
+    for name, value in raw.items():
+        field = fields.get(name) if isinstance(name, str) else None
+        if field is None:
+            camel = next((f for n, f in fields.items() if f.validation_alias == name), None)
+            nested = _nested_model(camel.annotation) if camel is not None else None
+            if nested is not None:
+                problems += snake_case_problems(value, nested, f"{key}.{name}" if key else name)
+            continue
+        alias = field.validation_alias
+        if isinstance(alias, str) and alias != name:
+            problems.append(
+                ConfigProblem(
+                    f"{key}.{name}" if key else name,
+                    f"write it camelCase, as every key in Pulumi.labs.yaml: {alias}",
+                )
+            )
+        nested = _nested_model(field.annotation)
+        if nested is not None:
+            problems += snake_case_problems(value, nested, f"{key}.{name}" if key else name)
+    return problems
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds, itself or in a list/optional."""
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+        for inner in getattr(candidate, "__args__", ()):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                return inner
+    return None
+
+
 def load_lab_config(raw: Mapping[str, Any]) -> LabConfig:
     """Validate the `labs-k8s:` namespace (a mapping of top-level key to structured value).
 
@@ -917,6 +959,7 @@ def load_lab_config(raw: Mapping[str, Any]) -> LabConfig:
     ]
     raw, moved = _moved_key_problems(raw)
     problems += moved
+    problems += snake_case_problems({k: v for k, v in raw.items() if k in TOP_LEVEL_KEYS})
     try:
         cfg = LabConfig.model_validate({k: v for k, v in raw.items() if k in TOP_LEVEL_KEYS})
     except ValidationError as error:

@@ -18,9 +18,10 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
@@ -36,6 +37,22 @@ from components.rendering.template import (
 )
 
 CHUNK_SIZE = 1 << 20
+MIB = 1 << 20
+# How often a running download says how far it is (the netinst is ~700 MB: minutes on a slow link).
+PROGRESS_INTERVAL_S = 10.0
+# Where a build phase is, as it happens: the template provider passes pulumi.log.info's wrapper.
+Progress = Callable[[str], None]
+
+
+def _no_progress(_message: str) -> None:
+    pass
+
+
+def mib_rate(size: int, seconds: float) -> str:
+    """ "702 MiB in 95 s, 7.4 MiB/s" """
+    return f"{size / MIB:.0f} MiB in {seconds:.0f} s, {size / MIB / max(seconds, 1e-3):.1f} MiB/s"
+
+
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _EXECUTABLE_ISO_PATHS = frozenset({SEAL_SCRIPT_ISO_PATH})
 # What the remastered boot menus rely on: a Debian amd64 netinst has all of these.
@@ -58,7 +75,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download_iso(url: str, sha256: str, dest: Path, *, timeout: float = 60.0) -> Path:
+def download_iso(
+    url: str, sha256: str, dest: Path, *, timeout: float = 60.0, progress: Progress = _no_progress
+) -> Path:
     """Download `url` to `dest`, streaming, and verify its SHA-256; return `dest`.
 
     An existing `dest` with the right checksum is reused without downloading. The download
@@ -70,17 +89,25 @@ def download_iso(url: str, sha256: str, dest: Path, *, timeout: float = 60.0) ->
         raise IsoError(f"{sha256!r} is not a SHA-256 (64 hex digits); set labs-k8s:template.isoSha256")
     dest = Path(dest)
     if dest.is_file() and sha256_file(dest) == expected:
+        progress(f"the Debian ISO is already in {dest} (SHA-256 checked): no download")
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     digest = hashlib.sha256()
     size = 0
+    started = last = time.monotonic()
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0)
+            progress(f"downloading {url}" + (f" ({total / MIB:.0f} MiB)" if total else "") + f" into {dest.parent}")
             while chunk := response.read(CHUNK_SIZE):
                 digest.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
+                if time.monotonic() - last >= PROGRESS_INTERVAL_S:
+                    last = time.monotonic()
+                    of_total = f" of {total / MIB:.0f}" if total else ""
+                    progress(f"downloaded {size / MIB:.0f}{of_total} MiB ({mib_rate(size, last - started)})")
     except (urllib.error.URLError, OSError) as error:
         part.unlink(missing_ok=True)
         raise IsoError(
@@ -97,6 +124,7 @@ def download_iso(url: str, sha256: str, dest: Path, *, timeout: float = 60.0) ->
             "or fix labs-k8s:template.isoUrl."
         )
     os.replace(part, dest)
+    progress(f"downloaded {url}: {mib_rate(size, time.monotonic() - started)}, SHA-256 checked")
     return dest
 
 
@@ -226,17 +254,29 @@ def source_iso_name(url: str) -> str:
     return name
 
 
-def build_install_media(url: str, sha256: str, files: Mapping[str, str | bytes], name: str, cache_dir: Path) -> Path:
+def build_install_media(
+    url: str,
+    sha256: str,
+    files: Mapping[str, str | bytes],
+    name: str,
+    cache_dir: Path,
+    progress: Progress = _no_progress,
+) -> Path:
     """Download the source ISO (once, verified) and remaster it with `files` (once per `name`).
 
     `name` is the remastered ISO's file name; it carries the template's content hash, so a
     cached file with that name always has exactly these contents.
     """
     cache_dir = Path(cache_dir)
-    source = download_iso(url, sha256, cache_dir / source_iso_name(url))
+    source = download_iso(url, sha256, cache_dir / source_iso_name(url), progress=progress)
     dest = cache_dir / name
-    if not dest.is_file():
-        remaster_iso(source, dest, files, require=NETINST_PATHS)
+    if dest.is_file():
+        progress(f"the remastered installer ISO is already in {dest}")
+        return dest
+    started = time.monotonic()
+    progress(f"remastering the installer ISO with xorriso: preseed, seal script, boot menus -> {dest.name}")
+    remaster_iso(source, dest, files, require=NETINST_PATHS)
+    progress(f"remastered {dest.name} in {time.monotonic() - started:.0f} s")
     return dest
 
 

@@ -72,6 +72,12 @@ def step_deadline_seconds(timeout: str, dial_attempts: int) -> int:
     return deadline
 
 
+def logs_hint(step: str, node: str) -> str:
+    """What a failed step's error text adds: the command that collects its logs from its node
+    (components/tools/logs.py). One function, so the step's failure message can carry it."""
+    return f'labs-k8s[{step}]: its logs on {node}: python -m components logs --stack "$STACK" {node} {step}'
+
+
 def bounded_run(step: str, deadline_seconds: int, args: Sequence[str] = ()) -> str:
     """The remote command that runs a bundle from stdin with its own deadline, and says so when it
     stopped it. It carries no secret: the bundle (stdin) does."""

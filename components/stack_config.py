@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,46 @@ VSPHERE_SETTINGS = {
     "password": "VSPHERE_PASSWORD",
     "allowUnverifiedSsl": "VSPHERE_ALLOW_UNVERIFIED_SSL",
 }
+
+
+# Every `vsphere:` key the provider reads (pulumi-vsphere 4.x sdk config/vars.py). Anything else in
+# the namespace is a typo the provider ignores silently: `vsphere:usr` left vsphere:user unset.
+VSPHERE_PROVIDER_KEYS = (
+    "allowUnverifiedSsl",
+    "apiTimeout",
+    "clientDebug",
+    "clientDebugPath",
+    "clientDebugPathRun",
+    "password",
+    "persistSession",
+    "restSessionPath",
+    "user",
+    "vcenterServer",
+    "vimKeepAlive",
+    "vimSessionPath",
+    "vsphereServer",
+)
+
+
+def unknown_vsphere_keys(keys: Iterable[str]) -> list[str]:
+    """A problem, with "did you mean", for each `vsphere:<key>` the provider does not read."""
+    import difflib
+
+    problems = []
+    for full in sorted(keys):
+        namespace, _, key = full.partition(":")
+        if namespace != "vsphere" or key in VSPHERE_PROVIDER_KEYS:
+            continue
+        close = difflib.get_close_matches(key, VSPHERE_PROVIDER_KEYS, n=1, cutoff=0.5)
+        camel = "".join(part.capitalize() if i else part for i, part in enumerate(key.split("_")))
+        if camel in VSPHERE_PROVIDER_KEYS:
+            close = [camel]
+        guess = f"Did you mean vsphere:{close[0]}? " if close else ""
+        problems.append(
+            f"{full}: unknown key; the vSphere provider ignores it. {guess}Its keys are camelCase: "
+            f"{', '.join(VSPHERE_PROVIDER_KEYS)}"
+        )
+    return problems
 
 
 def vsphere_settings(
@@ -137,7 +177,7 @@ def read_stack_inputs() -> StackInputs:
     except LabConfigError as error:
         raise pulumi.RunError(str(_with_public_key_command(error, stack))) from None
 
-    missing: list[str] = []
+    missing: list[str] = unknown_vsphere_keys(pulumi.runtime.config.CONFIG.get())
     # Read raw only to check its shape; the value itself stays inside a secret Output.
     raw_private_key = str(pulumi.runtime.config.get_config(f"{NAMESPACE}:{SSH_PRIVATE_KEY}") or "")
     private_key = config.get_secret(SSH_PRIVATE_KEY)

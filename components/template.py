@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +144,19 @@ class VcenterLogin:
         return vsphere.session(self.host, self.user, self.password, port=self.port, insecure=self.insecure)
 
 
+def report_progress(spec: TemplateInputs, message: str) -> None:
+    """One phase of the build, shown by the CLI as it happens.
+
+    Inside Pulumi's dynamic-provider host the SDK has no engine connection: the host configures
+    its Settings without one (pulumi 3.272 sdk/python/lib/pulumi/dynamic/__main__.py get_provider),
+    so pulumi.log.info, with or without a resource, prints "info: <message>" on the host's stderr
+    (lib/pulumi/log.py info). The engine reads a provider plugin's stderr line by line and shows
+    each line as an info diagnostic (sdk/go/common/resource/plugin/plugin.go newPlugin runtrace),
+    without a resource: the CLI puts it on the stack's row (pkg/backend/display/progress.go
+    processNormalEvent), so the line carries the template's name."""
+    pulumi.log.info(f"golden template {spec.name}: {message}")
+
+
 # State contract: every deployed stack's state pickles this class by its qualified name
 # `components.template.TemplateBuildProvider`, and the dynamic-provider host unpickles it for every
 # diff, refresh and destroy (pulumi/dynamic/__main__.py get_provider). Never rename or move it; if
@@ -249,14 +263,30 @@ class TemplateBuildProvider(ResourceProvider):
             if existing is not None and self._take_over(si, existing, spec):
                 return self._created(si, existing, props, None)
             iso_path = self._upload_media(si, spec)
+            report_progress(spec, f"creating the builder VM {spec.name} (eager-zeroed {spec.disk_gib} GiB disk)")
             builder = vsphere.create_builder_vm(si, self._builder_spec(spec, iso_path))
             try:
                 vsphere.power_on(builder.vm)
+                started = time.monotonic()
+                report_progress(
+                    spec,
+                    f"the unattended Debian install is running on the builder VM {spec.name} "
+                    f"({vsphere.inventory_path(si, builder.vm)}); watch it in the vSphere Client: that VM, "
+                    f"Launch Web Console. It powers itself off when done (at most "
+                    f"{spec.build_timeout_s / 60:g} min, labs-k8s:template.buildTimeoutMinutes)",
+                )
                 # The preseed ends with a power-off once the seal script has run in the target.
                 vsphere.wait_for_power_off(builder.vm, timeout_s=spec.build_timeout_s)
+                report_progress(
+                    spec,
+                    f"installed and sealed in {(time.monotonic() - started) / 60:.1f} min (the seal script ran, "
+                    "the VM powered off): detaching the installer ISO",
+                )
                 vsphere.detach_iso(builder.vm, remove_device=True)
+                report_progress(spec, "verifying the hardware (PVSCSI, VMXNET3, eager-zeroed disk)")
                 self._verify(builder.vm, spec.name, spec.datastore)
                 vsphere.mark_as_template(builder.vm)
+                report_progress(spec, "verified and marked as a template")
             except Exception as error:
                 raise TemplateBuildError(self._keep_for_inspection(si, builder.vm, spec, error)) from error
             return self._created(si, builder.vm, props, iso_path)
@@ -277,6 +307,7 @@ class TemplateBuildProvider(ResourceProvider):
             )
         if vm.config.template:
             # A previous `up` built it but did not record it (interrupted): adopt it after checking.
+            report_progress(spec, f"adopting the finished template {path} of an interrupted `up`: verifying it")
             self._verify(vm, spec.name, spec.datastore)
             return True
         # A builder VM of ours: from an interrupted build, or kept after a failed install for
@@ -289,9 +320,19 @@ class TemplateBuildProvider(ResourceProvider):
     def _upload_media(si: Any, spec: TemplateInputs) -> str:
         from components import iso, vsphere
 
-        media = iso.build_install_media(spec.iso_url, spec.iso_sha256, spec.iso_files, spec.iso_name, ISO_CACHE)
+        def progress(message: str) -> None:
+            report_progress(spec, message)
+
+        media = iso.build_install_media(
+            spec.iso_url, spec.iso_sha256, spec.iso_files, spec.iso_name, ISO_CACHE, progress=progress
+        )
         remote = iso_datastore_path(spec.stack, spec.name)
-        return str(vsphere.upload_to_datastore(si, spec.datacenter, spec.datastore, remote, media))
+        size = media.stat().st_size
+        progress(f"uploading {media.name} ({size / iso.MIB:.0f} MiB) to [{spec.datastore}] {remote}")
+        started = time.monotonic()
+        uploaded = str(vsphere.upload_to_datastore(si, spec.datacenter, spec.datastore, remote, media))
+        progress(f"uploaded: {iso.mib_rate(size, time.monotonic() - started)}")
+        return uploaded
 
     @staticmethod
     def _builder_spec(spec: TemplateInputs, iso_path: str) -> Any:

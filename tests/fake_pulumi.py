@@ -432,7 +432,7 @@ def main(argv: list[str]) -> None:
         fail("fake pulumi: no command")
     command, rest = positional[0], positional[1:]
     if command == "version":
-        print("v3.272.0")
+        print(os.environ.get("FAKE_PULUMI_VERSION", "v3.272.0"))
     elif command == "login":
         cmd_login(rest, options)
     elif command == "logout":

@@ -133,6 +133,7 @@ class ProviderHost:
             PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         )
         env.pop("PYTHONHOME", None)
+        self.shown: list[str] = []  # diagnostics() as the host closed
         self._stderr = tempfile.NamedTemporaryFile(prefix="pulumi-dynamic-", suffix=".log")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
             [str(self.python), "-u", "-m", "pulumi.dynamic", ENGINE_ADDRESS_ARG],
@@ -172,6 +173,13 @@ class ProviderHost:
         self._stderr.seek(0)
         return "\n".join(self._stderr.read().decode("utf-8", "replace").splitlines()[-lines:])
 
+    def diagnostics(self) -> list[str]:
+        """What the engine shows of this host so far: each non-empty stderr line is one info
+        diagnostic (sdk/go/common/resource/plugin/plugin.go newPlugin runtrace)."""
+        self._stderr.flush()
+        with open(self._stderr.name, "rb") as written:
+            return [line for line in written.read().decode("utf-8", "replace").splitlines() if line.strip()]
+
     def close(self) -> None:
         channel = getattr(self, "channel", None)
         if channel is not None:
@@ -185,6 +193,7 @@ class ProviderHost:
                 self.process.wait(timeout=10)
         if self.process.stdout is not None:
             self.process.stdout.close()
+        self.shown = self.diagnostics()
         self._stderr.close()
 
     def __enter__(self) -> ProviderHost:
@@ -345,9 +354,12 @@ class EngineResource:
         self.steps: list[Step] = []
         # The default provider's inputs in the state: the stack config of the last `up`.
         self.provider_config: tuple[dict[str, str], tuple[str, ...]] | None = None
+        # The host of the command running now (or last): what the CLI shows of it, as it happens.
+        self.current_host: ProviderHost | None = None
 
     def host(self, config: Mapping[str, str], secret_keys: list[str] | tuple[str, ...]) -> ProviderHost:
-        return ProviderHost(config, secret_keys, environment=self.environment)
+        self.current_host = ProviderHost(config, secret_keys, environment=self.environment)
+        return self.current_host
 
     def _record(self, step: Step) -> Step:
         self.steps.append(step)

@@ -508,3 +508,32 @@ def test_search_domain_is_a_domain(lab_namespace, domain):
     found = problems(lab_namespace)
     assert list(found) == ["network.searchDomain"]
     assert "such as labs.local" in found["network.searchDomain"]
+def test_snake_case_keys_are_named_with_their_camel_case_spelling(lab_namespace):
+    """pydantic took `data_disk_gib` by its Python name (populate_by_name), so a snake_case key
+    passed silently although the error text says keys are camelCase (issue 33)."""
+    lab_namespace["nodes"]["workers"]["data_disk_gib"] = lab_namespace["nodes"]["workers"].pop("dataDiskGib")
+    lab_namespace["vsphere"]["compute_cluster"] = lab_namespace["vsphere"].pop("computeCluster")
+    lab_namespace["template"]["build_timeout_minutes"] = 90  # a key that has a default: it was ignored
+    found = problems(lab_namespace)
+    assert found == {
+        "nodes.workers.data_disk_gib": "write it camelCase, as every key in Pulumi.labs.yaml: dataDiskGib",
+        "vsphere.compute_cluster": "write it camelCase, as every key in Pulumi.labs.yaml: computeCluster",
+        "template.build_timeout_minutes": "write it camelCase, as every key in Pulumi.labs.yaml: buildTimeoutMinutes",
+    }
+
+
+def test_unknown_vsphere_keys_are_named_with_did_you_mean(run_with):
+    """`vsphere:usr` was ignored by the provider and by the program: only the missing
+    vsphere:user was reported, never the typo (issue 33)."""
+    from components.stack_config import unknown_vsphere_keys
+
+    assert unknown_vsphere_keys(["vsphere:user", "vsphere:vsphereServer", "labs-k8s:nodes"]) == []
+    snake, usr = unknown_vsphere_keys(["vsphere:usr", "vsphere:allow_unverified_ssl"])  # sorted
+    assert usr.startswith("vsphere:usr: unknown key") and "Did you mean vsphere:user?" in usr
+    assert "Did you mean vsphere:allowUnverifiedSsl?" in snake
+    # The program refuses it before any resource is registered.
+    from components.tools.offline import run_program
+
+    with pytest.raises(Exception, match=r"vsphere:usr: unknown key.*Did you mean vsphere:user\?") as caught:
+        run_program("labs", overrides={"vsphere:usr": "labs-k8s@vsphere.local"})
+    assert "registered" not in str(caught.value)

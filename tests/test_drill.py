@@ -892,3 +892,32 @@ def test_dry_run_refuses_what_the_live_run_refuses(
     assert f"DRY RUN: the {scenario} drill would refuse stack 'labs': {says}" in captured.err
     assert "nginx pods" not in captured.out
     assert components_main(["drill", "control-plane", "--dry-run"]) == 0  # three control planes: planned
+
+
+def test_a_live_drill_needs_its_stack_named_and_stack_is_taken_from_the_environment(tmp_path: Path) -> None:
+    """A live drill powers VMs off: it defaulted to the example `labs` and ignored an exported STACK
+    (issue 33). Now it refuses without one and takes $STACK as the Makefile does; a dry run still
+    falls back to the example."""
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}  # no pulumi CLI: a live run stops at load_inputs
+
+    def drill(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "components", "drill", *args],
+            cwd=REPO,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    unnamed = drill("worker")
+    assert unnamed.returncode == 2
+    assert "which stack?" in unnamed.stderr and "--stack <your site's stack>" in unnamed.stderr
+    assert "Pulumi CLI" not in unnamed.stderr  # refused before anything is asked of the stack
+    exported = drill("worker", STACK="labs")
+    assert exported.returncode == 2 and "the Pulumi CLI is not on PATH" in exported.stderr
+    dry = drill("balancer", "--dry-run", STACK="labs")
+    assert dry.returncode == 0 and "on stack labs" in dry.stdout
+    missing = drill("balancer", "--dry-run", STACK="nosuchsite")
+    assert missing.returncode != 0 and "Pulumi.nosuchsite.yaml" in missing.stderr

@@ -122,7 +122,7 @@ def test_without_a_login_make_says_how_to_log_in(sandbox, target):
     assert "not logged in to a backend" in result.stderr
     for way in ("pulumi login  ", "pulumi login s3://", "pulumi login --local", "PULUMI_CONFIG_PASSPHRASE"):
         assert way in result.stderr
-    assert sandbox.commands() == ["whoami"]
+    assert sandbox.commands() == ["version", "whoami"]
 
 
 # --------------------------------------------------------------------------- the stack
@@ -133,7 +133,7 @@ def test_up_says_backend_and_stack_before_it_creates_the_stack(sandbox):
     result = sandbox.make("up", f"STACK={STACK}", PULUMI_CONFIG_PASSPHRASE="correct horse")
     announced = f"make up: creating stack '{STACK}' in backend file://~ as tester"
     assert announced in result.stdout
-    assert sandbox.commands()[:4] == ["login", "whoami", "stack ls", "stack init"]
+    assert sandbox.commands()[:5] == ["login", "version", "whoami", "stack ls", "stack init"]
     # The announcement comes before `pulumi stack init`'s own output.
     assert result.stdout.index(announced) < result.stdout.index(f"Created stack '{STACK}'")
     # The new stack has no secrets yet: the exact commands, and no `pulumi up`.
@@ -266,6 +266,53 @@ def test_a_self_managed_backend_without_passphrase_says_so_before_stack_init(san
 # --------------------------------------------------------------------------- settings the program checks
 
 
+@pytest.mark.parametrize("target", ["up", "preview", "destroy"])
+def test_a_cli_older_than_the_program_needs_is_named_with_the_upgrade(sandbox, target):
+    """A CLI before 3.139.0 hands the template's provider no vsphere:* settings (pulumi/pulumi#17673):
+    the check said nothing, and the build failed for want of a login (issue 33)."""
+    ready_stack(sandbox)
+    old = sandbox.make(target, f"STACK={STACK}", FAKE_PULUMI_VERSION="v3.130.0")
+    assert old.returncode != 0
+    assert "the Pulumi CLI is v3.130.0; this lab needs 3.139.0 or newer" in old.stderr
+    assert "curl -fsSL https://get.pulumi.com | sh" in old.stderr
+    assert target not in [call[0] for call in sandbox.calls()]
+    for fine in ("v3.139.0", "v3.274.1-dev.0"):
+        assert "this lab needs" not in sandbox.make(target, f"STACK={STACK}", FAKE_PULUMI_VERSION=fine).stderr
+
+
+def test_a_missing_xorriso_stops_up_before_the_iso_download(sandbox):
+    """xorriso was found missing only after the ~700 MB download, inside the build (issue 33)."""
+    ready_stack(sandbox)
+    # PATH without xorriso: the sandbox's bin, plus links to every other tool of the system's.
+    bare = sandbox.root / "bare-bin"
+    bare.mkdir()
+    for directory in ("/usr/local/bin", "/usr/bin", "/bin"):
+        for tool in Path(directory).iterdir() if Path(directory).is_dir() else ():
+            if tool.name != "xorriso" and not (bare / tool.name).exists():
+                (bare / tool.name).symlink_to(tool)
+    result = sandbox.make("up", f"STACK={STACK}", PATH=f"{sandbox.bin}:{bare}")
+    assert result.returncode != 0
+    assert "xorriso is not installed" in result.stderr and "apt-get install -y xorriso" in result.stderr
+    assert "up" not in [call[0] for call in sandbox.calls()]
+    # preview and destroy build nothing: they do not need it.
+    assert "xorriso" not in sandbox.make("preview", f"STACK={STACK}", PATH=f"{sandbox.bin}:{bare}").stderr
+
+
+def test_args_reach_the_pulumi_cli_and_make_help_says_how(sandbox):
+    """make up/preview/destroy could not pass --yes, --target, --replace or --parallel (issue 33)."""
+    ready_stack(sandbox)
+    up = sandbox.make("up", f"STACK={STACK}", "ARGS='--yes --parallel 4 --target urn:pulumi:x'")
+    assert up.returncode == 0, up.stderr
+    assert sandbox.calls()[-1] == ["up", "--stack", STACK, "--yes", "--parallel", "4", "--target", "urn:pulumi:x"]
+    preview = sandbox.make("preview", f"STACK={STACK}", "ARGS=--refresh")
+    assert preview.returncode == 0, preview.stderr
+    assert sandbox.calls()[-1][:4] == ["preview", "--stack", STACK, "--diff"] and sandbox.calls()[-1][-1] == "--refresh"
+    shown = subprocess.run(["make", "-s", "help"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    assert "ARGS='...' is passed to the Pulumi CLI" in shown and "--target URN" in shown and "--replace URN" in shown
+    # bench/lb_failover.py refuses without root (network namespaces): help says so before it is run.
+    assert "root" in next(line for line in shown.splitlines() if line.startswith("make bench"))
+
+
 def test_a_complete_stack_reaches_pulumi_up(sandbox):
     ready_stack(sandbox)
     result = sandbox.make("up", f"STACK={STACK}")
@@ -355,6 +402,16 @@ def test_a_config_mistake_stops_up_before_the_cli_runs_up(sandbox):
     result = sandbox.make("up", f"STACK={STACK}")
     assert result.returncode != 0
     assert "labs-k8s:loadBalancer.vip" in result.stderr
+    assert "up" not in sandbox.commands()
+
+
+def test_a_mistyped_vsphere_key_stops_up_with_did_you_mean(sandbox):
+    """`vsphere:usr` was ignored: only the missing vsphere:user was reported (issue 33)."""
+    ready_stack(sandbox)
+    sandbox.run(f"pulumi config set --stack {STACK} vsphere:usr someone@vsphere.local\n")
+    result = sandbox.make("up", f"STACK={STACK}")
+    assert result.returncode != 0
+    assert "vsphere:usr: unknown key" in result.stderr and "Did you mean vsphere:user?" in result.stderr
     assert "up" not in sandbox.commands()
 
 

@@ -139,6 +139,24 @@ def test_missing_network_is_named(with_folder, lab_config, monkeypatch):
         run_preflight(inputs_for(sim, lab_on(sim, lab_config, network="k8s-net"), monkeypatch))
 
 
+@pytest.mark.parametrize(
+    ("placement", "value", "key"),
+    [
+        ("compute_cluster", "no-such-cluster", "labs-k8s:vsphere.computeCluster"),
+        ("network", "no-such-net", "labs-k8s:vsphere.network"),
+        ("folder", "no-such-folder", "labs-k8s:vsphere.folder"),
+        ("datacenter", "no-such-dc", "labs-k8s:vsphere.datacenter"),
+    ],
+)
+def test_a_wrong_placement_name_names_its_key(with_folder, lab_config, monkeypatch, placement, value, key):
+    """Preflight named the key for a wrong datastore only; for the cluster or network it said
+    "Fix the cluster name in the stack configuration", and the reader had to find which (issue 33)."""
+    sim = with_folder(hosts=3)
+    with pytest.raises(pulumi.RunError, match=value) as caught:
+        run_preflight(inputs_for(sim, lab_on(sim, lab_config, **{placement: value}), monkeypatch))
+    assert f"Fix {key}" in str(caught.value) or f"fix {key}" in str(caught.value)
+
+
 def test_a_missing_datastore_names_the_key(with_folder, lab_config, monkeypatch):
     """The placement error listed the datastores vCenter has, but not the setting to change."""
     sim = with_folder(hosts=3)

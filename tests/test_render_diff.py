@@ -94,20 +94,20 @@ class ProjectRepo:
         self.git("commit", "-q", "-m", message)
         return self.git("rev-parse", "HEAD").strip()
 
-    def diff(self, against: str, *extra: str) -> Outcome:
+    def diff(self, against: str, *extra: str, stack: str = "labs", env_extra: dict[str, str] | None = None) -> Outcome:
         report = self.root.parent / "report.json"
         report.unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "VSPHERE_"))}
         # No route to the network: nothing in diff or render may reach for it.
         env.update(http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9", no_proxy="", **_git_env())
+        env.update(env_extra or {})
         proc = subprocess.run(
             [
                 sys.executable,
                 "-m",
                 "components",
                 "diff",
-                "--stack",
-                "labs",
+                *(["--stack", stack] if stack else []),
                 "--against",
                 against,
                 "--json",
@@ -316,6 +316,41 @@ def test_a_head_that_does_not_render_is_reported_with_exit_2(project):
     # The JSON report still says what went wrong: the pull-request comment shows it.
     assert "labs-k8s:loadBalancer.vip" in outcome.report["error"]
     assert outcome.stdout == ""
+
+
+def test_a_site_stack_that_git_ignores_is_diffed_from_the_working_tree(project):
+    """README's pull-request line, `diff --stack "$STACK" --against origin/main`, failed for every
+    site: .gitignore ignores Pulumi.<site>.yaml, and only files git tracks were exported ("exists
+    neither at ... nor in the working tree"). Both sides now render the working tree's copy."""
+    repo, base = project
+    repo.git("checkout", "-q", "-B", "site-stack", base)
+    repo.git("clean", "-q", "-fd")
+    site = repo.root / "Pulumi.mysite.yaml"
+    site.write_text((repo.root / "Pulumi.labs.yaml").read_text().replace("datacenter: Datacenter", "datacenter: DC-B"))
+    assert repo.git("check-ignore", site.name).strip() == site.name  # as in a user's checkout
+    repo.edit("cloudinit/lb/haproxy.cfg.j2", lambda t: re.sub(r"timeout client-fin \d+s", "timeout client-fin 45s", t))
+    repo.commit("haproxy timeout")
+    try:
+        by_flag = repo.diff(base, stack="mysite")
+        by_env = repo.diff(base, stack="", env_extra={"STACK": "mysite"})  # an exported STACK, as make takes it
+        given = repo.root.parent / "elsewhere.yaml"
+        shutil.copy(site, given)
+        site.unlink()
+        by_path = repo.diff(base, "--stack-file", str(given), stack="mysite")
+    finally:
+        site.unlink(missing_ok=True)
+    for outcome in (by_flag, by_env, by_path):
+        assert outcome.returncode == 0, outcome.stderr
+        assert outcome.report["stack"] == "mysite"
+        assert outcome.files() == {
+            ("labs-k8s-lb01", "steps/lb-setup/haproxy.cfg", "modified"),
+            ("labs-k8s-lb02", "steps/lb-setup/haproxy.cfg", "modified"),
+        }
+        assert "which git does not track" in outcome.stdout.splitlines()[0]
+    assert by_flag.report["stack_file"] == "Pulumi.mysite.yaml"
+    assert by_path.report["stack_file"] == str(given)
+    missing = repo.diff(base, "--stack-file", str(repo.root / "nope.yaml"), stack="mysite")
+    assert missing.returncode == 2 and "--stack-file" in missing.stderr and "no such file" in missing.stderr
 
 
 def test_an_unknown_ref_is_an_error_not_a_diff(project):

@@ -15,6 +15,7 @@ checks and remasters it, and uploads the result to vcsim's datastore.
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 import threading
@@ -92,6 +93,9 @@ class Installer:
     isos: list[str] = field(default_factory=list)
     builds: list[str] = field(default_factory=list)
     pools: list[str] = field(default_factory=list)  # resource pool of each builder (a template has none)
+    # What the CLI had shown when the installer finished: read through `watch` at each power-off.
+    watch: Callable[[], list[str]] | None = None
+    shown_while_installing: list[list[str]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -125,6 +129,8 @@ class Installer:
                             and isinstance(d.backing, vim.vm.device.VirtualCdrom.IsoBackingInfo)
                         ]
                         time.sleep(0.3)
+                        if self.watch is not None:
+                            self.shown_while_installing.append(self.watch())
                         vs.power_off(machine)
                     except vmodl.fault.ManagedObjectNotFound:
                         continue  # deleted while we looked
@@ -295,6 +301,59 @@ def test_lifecycle_through_the_dynamic_provider_host(lab_vcsim, netinst, host_en
         assert not (datastore_dir(si, sim) / "labs-k8s-iso" / "labs").exists()
     finally:
         vs.disconnect(si)
+
+
+def test_the_first_up_shows_each_build_phase_as_it_happens(lab_vcsim, netinst, host_env, installer):
+    """The 15-30 minute build showed only the engine's spinner (issue 33). Each phase is now an
+    info line on the host's stderr, which the engine shows as it reads it: the download with its
+    size and rate, the remaster, the upload, the install with the builder VM's name and where to
+    watch it, the seal, the verification. Checked while the installer still runs, and after."""
+    sim = lab_vcsim
+    run = program(sim, netinst)
+    name = from_struct(run.by_name(TEMPLATE).wire_inputs)["name"]
+    engine = engine_for(run, host_env)
+    built = installer(sim)
+    built.watch = lambda: engine.current_host.diagnostics() if engine.current_host else []
+    assert up(engine, run).op == "create"
+    assert engine.current_host is not None
+    shown = engine.current_host.shown
+    prefix = f"info: golden template {name}: "
+    phases = [line.removeprefix(prefix) for line in shown if line.startswith(prefix)]
+    expected = [
+        r"downloading http://127\.0\.0\.1:\d+/debian-12\.12\.0-amd64-netinst\.iso \(\d+ MiB\) into .*",
+        r"downloaded .*: \d+ MiB in \d+ s, [\d.]+ MiB/s, SHA-256 checked",
+        r"remastering the installer ISO with xorriso: .*",
+        r"remastered .* in \d+ s",
+        r"uploading labs-k8s-debian12-\w+\.iso \(\d+ MiB\) to"
+        rf" \[{sim.datastore}\] labs-k8s-iso/labs/{name}\.iso",
+        r"uploaded: \d+ MiB in \d+ s, [\d.]+ MiB/s",
+        rf"creating the builder VM {name} .*",
+        rf"the unattended Debian install is running on the builder VM {name} "
+        rf"\({sim.datacenter}/vm/{FOLDER}/{name}\); watch it in the vSphere Client: .*Launch Web Console.*",
+        r"installed and sealed in [\d.]+ min \(the seal script ran, the VM powered off\).*",
+        r"verifying the hardware .*",
+        r"verified and marked as a template",
+    ]
+    assert len(phases) == len(expected), "\n".join(shown)
+    for line, pattern in zip(phases, expected, strict=True):
+        assert re.fullmatch(pattern, line), f"{line!r} !~ {pattern!r}"
+    # As it happens: while the builder still ran, the CLI already showed the install line, not the seal.
+    (while_installing,) = built.shown_while_installing
+    assert any("the unattended Debian install is running" in line for line in while_installing)
+    assert not any("installed and sealed" in line for line in while_installing)
+    assert not any(sim.password in line for line in shown)
+
+    # A second build from the machine's cache says so instead of downloading again.
+    si = connect(sim)
+    try:
+        vs.destroy_vm(vs.find_vm_by_uuid(si, engine.state.id))
+    finally:
+        vs.disconnect(si)
+    assert engine.refresh().op == "gone"
+    assert up(engine, run).op == "create"
+    again = engine.current_host.shown
+    assert any(line.startswith(f"{prefix}the Debian ISO is already in ") for line in again), "\n".join(again)
+    assert not any(line.startswith(f"{prefix}downloading") for line in again)
 
 
 def test_an_up_that_lost_its_state_adopts_our_template(lab_vcsim, netinst, host_env, installer):

@@ -1,29 +1,35 @@
 """The labs-k8s command line.
 
-`python -m components render [--stack labs] --out DIR`: what `pulumi up` would do, offline. Runs
+`python -m components render [--stack STACK] --out DIR`: what `pulumi up` would do, offline. Runs
 the real program under Pulumi's mock engine (no vCenter, no network, no Pulumi CLI) and writes
 plan.json, graph.mmd and every file pushed to a machine, one folder per host.
 
-`python -m components diff [--stack labs] --against REF [--json FILE]`: the resources and rendered
+`python -m components diff [--stack STACK] --against REF [--json FILE]`: the resources and rendered
 files that change between REF and the working tree, each rendered offline by its own code
-(docs/pull-requests.md). Exit status 0 whether or not anything changed.
+(docs/pull-requests.md); a site's stack file, which git does not track, from the working tree.
+Exit status 0 whether or not anything changed.
 
-`python -m components drill <scenario> [--stack labs] [--dry-run]`: a failure drill against the
-live lab (components/tools/drills, docs/drills.md).
+`python -m components drill <scenario> [--stack STACK] [--dry-run]`: a failure drill against the
+live lab; a live drill needs the stack named (--stack or $STACK) (components/tools/drills, docs/drills.md).
 
 `python -m components privileges [--stack labs] [--phase up|preview]`: the govc commands that
 create the vCenter roles this project needs (docs/runbook.md, "vCenter privileges").
 
+`python -m components logs --stack STACK NODE [STEP]`: a failed step's logs, from its node over
+the stack's pinned SSH connection (components/tools/logs.py).
+
 `python -m components check --stack STACK --for up|preview|destroy`: what `make up`, `make preview`
 and `make destroy` run before the Pulumi CLI: the CLI, the login, the stack and its settings.
 
-They run with the project's virtualenv (`make venv`: .venv/bin/python -m components ...).
+render, diff and drill take an exported STACK as the Makefile does (render and diff fall back
+to the example `labs`). They run with the project's virtualenv (`make venv`: .venv/bin/python -m components ...).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -43,6 +49,11 @@ def require_project_virtualenv() -> None:
         )
 
 
+def default_stack() -> str:
+    """As the Makefile's `make render`: an exported STACK, else the example `labs`."""
+    return os.environ.get("STACK") or "labs"
+
+
 def main(argv: list[str] | None = None) -> int:
     require_project_virtualenv()
     from components.tools.drills import cli as drill_cli
@@ -51,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     render_parser = commands.add_parser("render", help="write plan.json, graph.mmd and every pushed file")
-    render_parser.add_argument("--stack", default="labs", help="stack whose Pulumi.<stack>.yaml to read")
+    render_parser.add_argument(
+        "--stack", default=default_stack(), help="stack whose Pulumi.<stack>.yaml to read (default: $STACK, else labs)"
+    )
     render_parser.add_argument("--out", type=Path, required=True, help="output folder (created)")
     render_parser.add_argument(
         "--fingerprint-key",
@@ -60,10 +73,25 @@ def main(argv: list[str] | None = None) -> int:
         help="also write run.json, secrets as HMACs under the key in FILE (for diff)",
     )
     diff_parser = commands.add_parser("diff", help="what changes between a git ref and the working tree, offline")
-    diff_parser.add_argument("--stack", default="labs", help="stack whose Pulumi.<stack>.yaml to render")
+    diff_parser.add_argument(
+        "--stack",
+        default=default_stack(),
+        help="stack whose Pulumi.<stack>.yaml to render (default: $STACK, else labs)",
+    )
+    diff_parser.add_argument(
+        "--stack-file",
+        type=Path,
+        metavar="FILE",
+        help="render both sides with this stack file (default: Pulumi.<stack>.yaml, from the working tree "
+        "when git does not track it)",
+    )
     diff_parser.add_argument("--against", required=True, metavar="REF", help="git ref to compare with (the base)")
     diff_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (the PR comment)")
     drill_cli.add_parser(commands)
+    logs_parser = commands.add_parser("logs", help="a failed step's logs, from its node over the pinned SSH connection")
+    logs_parser.add_argument("--stack", default=os.environ.get("STACK") or None, help="the stack (default: $STACK)")
+    logs_parser.add_argument("node", help="the node the step ran on, e.g. labs-k8s-m01")
+    logs_parser.add_argument("step", nargs="?", help="the step, e.g. labs-k8s-m01-kubeadm-init (default: every step)")
     privileges_parser = commands.add_parser("privileges", help="govc commands creating the vCenter roles")
     privileges_parser.add_argument("--stack", help="fill in this stack's datacenter, folder, ... (default: variables)")
     privileges_parser.add_argument(
@@ -83,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "diff":
         from components.tools.render_diff import diff
 
-        return diff(args.stack, args.against, args.json)
+        return diff(args.stack, args.against, args.json, stack_file=args.stack_file)
     if args.command == "privileges":
         from components.tools import privileges
 
@@ -94,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         return first_run.check(args.stack, args.purpose)
     if args.command == "drill":
         return drill_cli.run(args)
+    if args.command == "logs":
+        from components.tools import logs
+
+        return logs.cli(args.stack, args.node, args.step)
     return 2
 
 

@@ -3,7 +3,9 @@
 `python -m components check --stack <stack> --for up|preview|destroy`, in this order, each with
 the command that fixes it:
 
-1. the Pulumi CLI is installed (today's alternative: `pulumi: command not found`, exit 127);
+1. the Pulumi CLI is installed (today's alternative: `pulumi: command not found`, exit 127), and
+   new enough to hand the stack config to the template's provider (MINIMUM_CLI_VERSION); (up)
+   `xorriso` is installed, which the template build needs after the ISO download;
 2. it is logged in to a backend; the backend, the user and the stack are printed before anything
    happens, so nobody creates a stack in the wrong place;
 3. the stack file `Pulumi.<stack>.yaml` exists: for a stack that exists, fetched with
@@ -29,6 +31,7 @@ import difflib
 import hmac
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +41,7 @@ from typing import Any
 
 from components.config import NAMESPACE, LabConfigError, load_lab_config
 from components.previous_state import INITIAL_DEPLOYMENT_OUTPUT
-from components.stack_config import SSH_PRIVATE_KEY, provider_bool
+from components.stack_config import SSH_PRIVATE_KEY, provider_bool, unknown_vsphere_keys
 from components.tools.offline import (
     PLACEHOLDER_PUBLIC_KEY,
     PROJECT,
@@ -49,6 +52,9 @@ from components.tools.offline import (
 )
 
 INSTALL_URL = "https://www.pulumi.com/docs/iac/download-install/"
+# The first CLI that passes the whole stack config (vsphere:* included) to dynamic providers at
+# Configure (pulumi/pulumi#17673); an older one leaves the template's provider without the login.
+MINIMUM_CLI_VERSION = (3, 139, 0)
 INSTALL_COMMAND = "curl -fsSL https://get.pulumi.com | sh"
 CLI_TIMEOUT_S = 120
 # Backends whose secrets provider defaults to a passphrase (everything but Pulumi Cloud).
@@ -92,6 +98,42 @@ def require_cli(purpose: str) -> None:
             '               then open a new shell (or: export PATH="$HOME/.pulumi/bin:$PATH")\n'
             f"  Other ways:  {INSTALL_URL}\n"
             f'  Then log in (README, "Your first lab", step 2) and run `make {purpose}` again.'
+        )
+
+
+def cli_version(text: str) -> tuple[int, int, int] | None:
+    """(3, 274, 1) from `pulumi version`'s "v3.274.1" (or "v3.274.1-dev.0"); None if unreadable."""
+    match = re.match(r"v?(\d+)\.(\d+)\.(\d+)", text.strip())
+    return None if match is None else (int(match[1]), int(match[2]), int(match[3]))
+
+
+def require_cli_version(purpose: str) -> None:
+    result = subprocess.run(["pulumi", "version"], capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)
+    version = cli_version(result.stdout) if result.returncode == 0 else None
+    needed = ".".join(map(str, MINIMUM_CLI_VERSION))
+    if version is None:
+        raise CheckFailed(
+            f"`pulumi version` did not say which version it is ({_first_line(result.stdout + result.stderr)}); "
+            f"this lab needs the Pulumi CLI {needed} or newer.\n  Reinstall it:  {INSTALL_COMMAND}"
+        )
+    if version < MINIMUM_CLI_VERSION:
+        raise CheckFailed(
+            f"the Pulumi CLI is {result.stdout.strip()}; this lab needs {needed} or newer (older ones do not hand "
+            "the stack's vCenter settings to the template's provider, pulumi/pulumi#17673).\n"
+            f"  Upgrade it:  {INSTALL_COMMAND}    (or your package manager's upgrade)\n"
+            f"  Then run `make {purpose}` again."
+        )
+
+
+def require_xorriso(purpose: str) -> None:
+    """The template build remasters the installer ISO with xorriso (components/iso.py), after a
+    ~700 MB download: say it before anything is downloaded or created."""
+    if shutil.which("xorriso") is None:
+        raise CheckFailed(
+            "xorriso is not installed; the golden template's build remasters the Debian installer ISO with it "
+            "on this machine.\n"
+            "  Debian/Ubuntu:  sudo apt-get install -y xorriso    macOS:  brew install xorriso\n"
+            f"  Then run `make {purpose}` again."
         )
 
 
@@ -243,6 +285,7 @@ def settings_problems(stack: str, document: dict[str, Any]) -> list[str]:
         load_lab_config(raw)
     except LabConfigError as error:
         problems += [str(p) for p in error.problems]
+    problems += unknown_vsphere_keys(config)
     for key, source in MUST_BE_SECRET.items():
         if key in config and not (isinstance(config[key], dict) and "secure" in config[key]):
             # Said without the value: it is in clear in the file, and must not reach a terminal or a log too.
@@ -400,6 +443,9 @@ def check(stack: str, purpose: str) -> int:
 
 def run_checks(stack: str, purpose: str) -> None:
     require_cli(purpose)
+    require_cli_version(purpose)
+    if purpose == "up":
+        require_xorriso(purpose)
     identity = whoami()
     url = str(identity.get("url") or identity.get("backendUrl") or "(unknown backend)")
     user = str(identity.get("user") or "(unknown user)")

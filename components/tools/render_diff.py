@@ -1,10 +1,12 @@
-"""`python -m components diff --stack labs --against REF`: what a change does, machine by machine.
+"""`python -m components diff --stack STACK --against REF`: what a change does, machine by machine.
 
 The stack is rendered twice, offline, as `render` does: once at REF and once from the working
 tree. Each side is a clean temporary copy of its own code and config (`git archive` of REF; the
 working tree's tracked and unignored files) rendered by its own code in a subprocess, with an
 interpreter whose installed packages match that side's requirements.txt. Nothing talks to vCenter
 or to the network (except pip, when a side pins other packages than this interpreter has).
+A site's stack file is not in git (.gitignore): both sides then render the working tree's copy
+(or the file `--stack-file` names), so the diff is what the code change does to that site.
 
 The report has a resource summary and a unified diff of every rendered file, per host. The
 summary is components.tools.changes (the model the runbook's change table comes from) applied to the
@@ -101,6 +103,8 @@ class Report:
     # None when a side's code cannot record its run (older than `render --fingerprint-key`).
     resources: list[ResourceChange] | None = field(default_factory=list)
     error: str = ""
+    # The one stack file both sides rendered when git does not track it ("": each side's own).
+    stack_file: str = ""
 
     @property
     def changed(self) -> bool:
@@ -121,6 +125,7 @@ class Report:
             "head": {**asdict(self.head), "title": self.head.title},
             "changed": self.changed,
             "error": self.error,
+            "stack_file": self.stack_file,
             "resources": None if self.resources is None else [asdict(r) for r in self.resources],
             "files": [asdict(f) for f in self.files],
         }
@@ -371,10 +376,29 @@ def resource_changes(base_render: Path, head_render: Path, base: Side, head: Sid
 # --------------------------------------------------------------------------- the command
 
 
-def compare(repo: Path, stack: str, against: str, workdir: Path) -> Report:
+def site_stack_file(repo: Path, stack: str, given: Path | None) -> Path | None:
+    """The stack file both sides render when git does not hold it: the path given, or the working
+    tree's Pulumi.<stack>.yaml when git does not track it (.gitignore ignores every site's stack
+    file, README "Secrets and settings"). None: the stack file is tracked, each side has its own."""
+    if given is not None:
+        if not given.is_file():
+            raise DiffError(f"--stack-file {given}: no such file")
+        return given
+    in_tree = repo / f"Pulumi.{stack}.yaml"
+    if in_tree.is_file() and not _git(repo, "ls-files", "--", in_tree.name).strip():
+        return in_tree
+    return None
+
+
+def compare(repo: Path, stack: str, against: str, workdir: Path, stack_file: Path | None = None) -> Report:
     base = Side("base", against, resolve_commit(repo, against))
     head = Side("head", WORKING_TREE, _git(repo, "rev-parse", "--verify", "HEAD").strip())
     report = Report(stack, base, head)
+    # A site's stack file is not in git: both sides render the same one, so the diff is the code's.
+    shared_stack_file = site_stack_file(repo, stack, stack_file)
+    if shared_stack_file is not None:
+        inside = shared_stack_file.is_relative_to(repo)
+        report.stack_file = str(shared_stack_file.relative_to(repo) if inside else shared_stack_file)
     key_file = workdir / "fingerprint.key"
     key_file.write_bytes(secrets.token_bytes(32))
     key_file.chmod(0o600)
@@ -387,6 +411,8 @@ def compare(repo: Path, stack: str, against: str, workdir: Path) -> Report:
                 export_commit(repo, base.commit, checkout)
             else:
                 side.uncommitted = export_working_tree(repo, checkout)
+            if shared_stack_file is not None:
+                shutil.copy2(shared_stack_file, checkout / f"Pulumi.{stack}.yaml")
             render_side(side, checkout, stack, renders[side.label], key_file)
         if not base.stack_file and not head.stack_file:
             raise DiffError(f"Pulumi.{stack}.yaml exists neither at {base.title} nor in the {WORKING_TREE}")
@@ -421,6 +447,8 @@ def _inputs_text(change: ResourceChange) -> str:
 def report_text(report: Report) -> str:
     """What the command prints: one line when nothing changed, else the summary and the diffs."""
     header = f"stack {report.stack}: {report.base.title} -> {report.head.title}"
+    if report.stack_file:
+        header += f" (both with {report.stack_file}, which git does not track)"
     if report.error:
         return f"{header}\ncannot compare: {report.error}\n"
     if not report.changed:
@@ -456,11 +484,17 @@ def report_text(report: Report) -> str:
     return "\n".join(lines) + "\n" + "".join(f.diff for f in report.files)
 
 
-def diff(stack: str, against: str, json_out: Path | None = None, repo: Path | None = None) -> int:
+def diff(
+    stack: str,
+    against: str,
+    json_out: Path | None = None,
+    repo: Path | None = None,
+    stack_file: Path | None = None,
+) -> int:
     try:
         root = repository_root(Path.cwd() if repo is None else repo)
         with tempfile.TemporaryDirectory(prefix="labs-k8s-diff-") as scratch:
-            report = compare(root, stack, against, Path(scratch))
+            report = compare(root, stack, against, Path(scratch), None if stack_file is None else stack_file.resolve())
     except DiffError as error:  # nothing to compare: the ref or the repository is wrong
         print(f"diff: {error}", file=sys.stderr)
         return 2

@@ -535,7 +535,7 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
     dc = _lookup(
         report,
         "datacenter",
-        "Fix the datacenter name in the stack configuration.",
+        "Fix labs-k8s:vsphere.datacenter in the stack configuration.",
         find_datacenter,
         si,
         spec.datacenter,
@@ -548,7 +548,13 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
         report.warn("network", subnet)
     _check_clone_sources(report, spec, si)
     cluster = _lookup(
-        report, "cluster", "Fix the cluster name in the stack configuration.", find_cluster, si, dc, spec.cluster
+        report,
+        "cluster",
+        "Fix labs-k8s:vsphere.computeCluster in the stack configuration.",
+        find_cluster,
+        si,
+        dc,
+        spec.cluster,
     )
     datastore = _lookup(
         report,
@@ -562,7 +568,7 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
     _lookup(
         report,
         "network",
-        "Fix the network (portgroup) name in the stack configuration.",
+        "Fix labs-k8s:vsphere.network (the port group the nodes sit on) in the stack configuration.",
         find_network,
         si,
         dc,
@@ -571,7 +577,7 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
     _lookup(
         report,
         "folder",
-        "Create the VM folder or fix its path in the stack configuration.",
+        "Create the VM folder, or fix labs-k8s:vsphere.folder in the stack configuration.",
         find_vm_folder,
         si,
         dc,
@@ -582,7 +588,7 @@ def preflight(si: vim.ServiceInstance, spec: PreflightSpec) -> PreflightReport:
         _lookup(
             report,
             "resource pool",
-            "Create the resource pool or fix its path in the stack configuration.",
+            "Create the resource pool, or fix labs-k8s:vsphere.resourcePool in the stack configuration.",
             find_resource_pool,
             si,
             cluster,

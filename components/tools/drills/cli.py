@@ -7,6 +7,7 @@ other subcommands nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 
@@ -20,7 +21,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Power off / drain one machine of the live lab, measure how the cluster copes, put it back.",
     )
     parser.add_argument("scenario", choices=SCENARIO_NAMES)
-    parser.add_argument("--stack", default="labs", help="Pulumi stack to drill (default: labs)")
+    parser.add_argument(
+        "--stack",
+        default=os.environ.get("STACK") or None,
+        help="Pulumi stack to drill (default: $STACK; a dry run falls back to the example labs)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print what would happen; contact nothing")
     parser.add_argument("--node", help="the machine to drill (default: chosen by the scenario, see docs/drills.md)")
     parser.add_argument("--kubectl", default="kubectl", help="kubectl binary (a prerequisite for live drills)")
@@ -52,7 +57,15 @@ def _dry_run(scenario: str, stack: str, node: str | None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.dry_run:
-        return _dry_run(args.scenario, args.stack, args.node)
+        return _dry_run(args.scenario, args.stack or "labs", args.node)
+    if not args.stack:
+        # A live drill powers VMs off: never on a stack nobody named (the Makefile has no default either).
+        print(
+            f"drill {args.scenario}: which stack? A live drill powers machines off, so it needs the stack named:\n"
+            f"    python -m components drill {args.scenario} --stack <your site's stack>    (or export STACK)",
+            file=sys.stderr,
+        )
+        return 2
 
     from components import vsphere as vs
     from components.tools.drills.cluster import KubectlCluster

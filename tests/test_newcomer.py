@@ -1,0 +1,169 @@
+"""A newcomer's third pass (issue 33): the small things a first user trips over."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from components.tools.offline import REPO_ROOT
+
+
+def _components(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "components", *args],
+        cwd=REPO_ROOT,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_render_and_diff_take_an_exported_stack_as_the_makefile_does(tmp_path: Path) -> None:
+    """They rendered the example `labs` whatever STACK said (issue 33)."""
+    render = _components("render", "--out", str(tmp_path / "out"), STACK="nosuchsite")
+    assert render.returncode != 0 and "Pulumi.nosuchsite.yaml" in render.stderr, render.stderr
+    for command in ("render", "diff"):
+        helped = _components(command, "--help")
+        assert "default: $STACK, else labs" in " ".join(helped.stdout.split()), helped.stdout
+
+
+# --------------------------------------------------------------------------- the README's status (issue 33)
+
+
+def _readme() -> str:
+    return (REPO_ROOT / "README.md").read_text()
+
+
+def _status_items(label: str) -> list[str]:
+    """The `;`-separated items of the status line that starts with **label**, after its link."""
+    line = next(line for line in _readme().splitlines() if line.startswith(f"**{label}"))
+    listed = line.split("): ", 1)[1].rstrip(".")
+    return [item.strip() for item in listed.split(";")]
+
+
+def test_the_status_comes_right_under_the_title():
+    lines = _readme().splitlines()
+    assert lines[0] == "# labs-k8s" and lines[1] == ""
+    assert lines[2].startswith("**Status.** Proven without a vCenter")
+    assert lines[3].startswith("**Not yet run against a real vCenter**")
+
+
+def test_every_proof_in_the_status_is_a_row_of_testings_table_and_back():
+    """The README read as proven on vCenter while the runbook said otherwise. Its status line now
+    names exactly the proofs of docs/testing.md's status table, each with tests that exist."""
+    section = (REPO_ROOT / "docs" / "testing.md").read_text().split("## Status", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    table = {proof.strip(): tests for proof, tests in rows[1:]}  # past the header
+    assert _status_items("Status.") == list(table)
+    for proof, tests in table.items():
+        named = re.findall(r"`(tests/[\w/]+\.py)`", tests)
+        assert named, f"{proof}: names no test"
+        assert all((REPO_ROOT / path).is_file() for path in named), f"{proof}: {named}"
+
+
+def test_every_not_yet_claim_is_the_runbooks_list_and_back():
+    section = (REPO_ROOT / "docs" / "runbook.md").read_text().split("### Not yet run against a real vCenter", 1)[1]
+    listed = re.findall(r"^- \*\*([^*]+)\*\*:", section.split("\n## ", 1)[0], flags=re.M)
+    assert listed and _status_items("Not yet run against a real vCenter") == listed
+    # The first lab's hour is named an estimate, as the runbook's table says.
+    first_lab = _readme().split("## Your first lab", 1)[1].split("\n**1.", 1)[0]
+    assert "about an hour" in first_lab and "an estimate" in first_lab
+
+
+def test_the_readme_is_short_and_keeps_engine_internals_in_docs():
+    """279 lines with engine internals; a newcomer needs about 150 (issue 33)."""
+    readme = _readme()
+    assert len(readme.splitlines()) <= 215
+    for internal in ("GetPackageConfig", "pulumi:providers:pulumi-python", "```mermaid", "## Layout"):
+        assert internal not in readme, internal
+    assert "GetPackageConfig" in (REPO_ROOT / "docs" / "runbook.md").read_text()
+
+
+def test_the_readme_says_make_test_is_the_suites_with_what_it_costs():
+    setup = _readme().split("## Set up", 1)[1].split("\n## ", 1)[0]
+    text = " ".join(setup.split())
+    for fact in ("contributors and CI", "30 minutes", "root", "GB of disk", "haproxy, keepalived, cloud-init"):
+        assert fact in text, fact
+    assert "disables cloud-init at boot" in text
+    # DRS is optional where preflight.drsDisabled: warn exists; make names no Python on success.
+    prerequisites = " ".join(_readme().split("## Prerequisites", 1)[1].split("\n## ", 1)[0].split())
+    assert "labs-k8s:preflight.drsDisabled: warn" in prerequisites
+    assert "names the version it finds" not in _readme()
+
+
+# --------------------------------------------------------------------------- python -m components logs (issue 33)
+
+FAKE_PULUMI = """#!/bin/sh
+case "$*" in
+  "stack output --json --show-secrets --stack labs") printf '%s\\n' "$FAKE_OUTPUTS" ;;
+  "config get --stack labs labs-k8s:sshPrivateKey")
+    printf -- '-----BEGIN OPENSSH PRIVATE KEY-----\\nAAAA\\n-----END OPENSSH PRIVATE KEY-----\\n' ;;
+  *) echo "unexpected: $*" >&2; exit 1 ;;
+esac
+"""
+# Records what it was given, as ssh would see it; prints the remote script's head for the test.
+FAKE_SSH = """#!/bin/sh
+log="$FAKE_LOG"
+printf '%s\\n' "$@" > "$log.argv"
+for a in "$@"; do case "$a" in UserKnownHostsFile=*) cp "${a#UserKnownHostsFile=}" "$log.known_hosts" ;; esac; done
+key=$(printf '%s\\n' "$@" | sed -n '/^-i$/{n;p;}'); stat -c %a "$key" > "$log.keymode"
+cat > "$log.stdin"
+echo "kubeadm-init.log from the node"
+"""
+
+
+def _logs(tmp_path: Path, outputs: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    import json
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("pulumi", FAKE_PULUMI), ("ssh", FAKE_SSH)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "ssh"
+    done = _components(
+        "logs",
+        "--stack",
+        "labs",
+        *args,
+        PATH=f"{bin_dir}:/usr/bin:/bin",
+        FAKE_OUTPUTS=json.dumps(outputs),
+        FAKE_LOG=str(log),
+    )
+    return done, log
+
+
+def test_logs_collects_a_steps_logs_over_the_pinned_connection(tmp_path: Path) -> None:
+    """No command collected a failed step's logs from its node (issue 33)."""
+    pinned = "10.3.60.51 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedHostKeyOfM01xxxxxxxxxxxxxxxxxxxxxx"
+    done, log = _logs(tmp_path, {"sshKnownHosts": pinned}, "labs-k8s-m01", "labs-k8s-m01-kubeadm-init")
+    assert done.returncode == 0, done.stderr
+    assert "kubeadm-init.log from the node" in done.stdout
+    argv = log.with_suffix(".argv").read_text().splitlines()
+    assert argv[-1] == "sudo -n bash -s" and argv[-2].endswith("@10.3.60.51")
+    assert "StrictHostKeyChecking=yes" in argv and "BatchMode=yes" in argv and "IdentitiesOnly=yes" in argv
+    assert log.with_suffix(".known_hosts").read_text().strip() == pinned
+    assert log.with_suffix(".keymode").read_text().strip() == "600"
+    assert "PRIVATE KEY" not in " ".join(argv)  # the key is a file, never an argument
+    script = log.with_suffix(".stdin").read_text()
+    assert "/var/lib/labs-k8s/steps/labs-k8s-m01-kubeadm-init" in script and "[secret]" in script
+
+
+def test_logs_refuses_a_host_no_key_was_pinned_for(tmp_path: Path) -> None:
+    done, log = _logs(tmp_path, {"apiEndpoint": "https://10.3.60.100:6443"}, "labs-k8s-m01")
+    assert done.returncode == 2
+    assert "no sshKnownHosts output" in done.stderr and "refusing to connect" in done.stderr
+    assert not log.with_suffix(".argv").exists(), "ssh was started"
+    unknown, _ = _logs(tmp_path, {"sshKnownHosts": "x"}, "labs-k8s-m09")
+    assert unknown.returncode == 2 and "no node 'labs-k8s-m09'" in unknown.stderr
+
+
+def test_a_failed_steps_hint_names_the_logs_command():
+    from components.remote import logs_hint
+
+    hint = logs_hint("labs-k8s-m01-kubeadm-init", "labs-k8s-m01")
+    assert 'python -m components logs --stack "$STACK" labs-k8s-m01 labs-k8s-m01-kubeadm-init' in hint
