@@ -508,6 +508,8 @@ def test_search_domain_is_a_domain(lab_namespace, domain):
     found = problems(lab_namespace)
     assert list(found) == ["network.searchDomain"]
     assert "such as labs.local" in found["network.searchDomain"]
+
+
 def test_snake_case_keys_are_named_with_their_camel_case_spelling(lab_namespace):
     """pydantic took `data_disk_gib` by its Python name (populate_by_name), so a snake_case key
     passed silently although the error text says keys are camelCase (issue 33)."""
