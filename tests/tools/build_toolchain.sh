@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Build the Pulumi toolchain the real-engine tests run, from Go modules only (never a release
-# download), and print the directory holding it on stdout (progress goes to stderr).
+# Build the Pulumi toolchain the real-engine tests run (never a release download): the CLI from Go
+# modules, and the plugins the proxy refuses from ../shared/third_party (build_plugins.sh); print
+# the directory holding the CLI and the language host on stdout (progress goes to stderr), with
+# plugins.json beside it naming the provider plugins to install.
 #
 # What and why: tests/tools/toolchain/manifest.json, one entry a binary. Every entry's status is
-# printed on each run (exact, substitute and why, or refused and what runs instead), and each
-# refused module is asked for again, so the day the Go module proxy serves it the output says so.
+# printed on each run (exact, or substitute and why), and each module the proxy refused is asked
+# for again, so the day the Go module proxy serves it the output says so.
 #
 # Idempotent: the outputs are cached under $REPO/.cache/toolchain/<key>/bin, where the key is a
 # digest of the manifest, the wrapper module (go.mod, go.sum, tools.go) and the Go version; a warm
@@ -32,31 +34,56 @@ manifest() {
 }
 
 report() {
-    local name status
+    local name status refused
     while read -r name; do
         status=$(manifest "$name" status)
         case $status in
             exact) log "$name: $(manifest "$name" module)@$(manifest "$name" version) (exact)" ;;
             substitute) log "$name: $(manifest "$name" module)@$(manifest "$name" version)" \
                 "(substitute for $(manifest "$name" wanted): $(manifest "$name" why))" ;;
-            refused)
-                log "$name: not built: $(manifest "$name" module) $(manifest "$name" why)" \
-                    "Instead: $(manifest "$name" instead)"
-                # Ask again: the version list answers 200 once any version is served.
-                if (cd "$WRAPPER" && GOFLAGS=-mod=mod "$go" list -m -versions "$(manifest "$name" module)" \
-                    >/dev/null 2>&1); then
-                    log "$name: the proxy now serves $(manifest "$name" module): build it and update the manifest"
-                fi
-                ;;
             *) log "$name: unknown status '$status' in $MANIFEST"; return 1 ;;
         esac
+        refused=$(manifest "$name" refused_module)
+        # Built from a source snapshot because the proxy refuses the module: ask again (the
+        # version list answers 200 once any version is served).
+        if [[ -n $refused ]] && (cd "$WRAPPER" && GOFLAGS=-mod=mod "$go" list -m -versions "$refused" \
+            >/dev/null 2>&1); then
+            log "$name: the proxy now serves $refused: build it from the proxy and update the manifest"
+        fi
     done < <(jq -r '.binaries[].name' "$MANIFEST")
 }
 
 command -v jq >/dev/null || { log "jq is needed (scripts/install-test-deps.sh installs it)"; exit 1; }
 report
 
+# build_plugins: the plugins built from ../shared/third_party (build_plugins.sh), linked next to
+# the CLI (the language host must sit beside pulumi-language-python-exec), and plugins.json: what
+# a test installs into its private PULUMI_HOME with `pulumi plugin install ... --file`.
+link_plugins() {
+    local root name kind plugin version binary names
+    mapfile -t names < <(jq -r '.binaries[] | select(.archives) | .name' "$MANIFEST")
+    root=$(bash "$TOOLS/build_plugins.sh" "${names[@]}" | tail -n1)
+    printf '[]' >"$OUT/plugins.json.new"
+    while read -r name; do
+        kind=$(manifest "$name" kind)
+        version=$(manifest "$name" version)
+        binary=$(find "$root" -mindepth 3 -maxdepth 3 -path "*/$name-$version-*/bin/$name" -type f | head -n1)
+        [[ -x $binary ]] || { log "$name: build_plugins.sh left no $name $version under $root"; return 1; }
+        if [[ $kind == language ]]; then
+            ln -f "$binary" "$BIN/$name"
+            continue
+        fi
+        plugin=$(manifest "$name" plugin)
+        jq --arg kind "$kind" --arg name "$plugin" --arg version "$version" --arg path "$binary" \
+            '. + [{kind: $kind, name: $name, version: $version, path: $path}]' \
+            "$OUT/plugins.json.new" >"$OUT/plugins.json.tmp"
+        mv "$OUT/plugins.json.tmp" "$OUT/plugins.json.new"
+    done < <(printf '%s\n' "${names[@]}")
+    mv "$OUT/plugins.json.new" "$OUT/plugins.json"
+}
+
 if [[ -x "$BIN/pulumi" && -f "$OUT/.complete" ]]; then
+    link_plugins
     printf '%s\n' "$BIN"
     exit 0
 fi
@@ -88,6 +115,7 @@ if [[ $reported != "$version" ]]; then
     exit 1
 fi
 touch "$OUT/.complete"
+link_plugins
 # Toolchains of other keys (older pins) are never used again: about 170 MB each.
 find "$REPO/.cache/toolchain" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
 log "built $BIN in $((SECONDS - start_s))s"
