@@ -34,6 +34,10 @@ import (
 	"github.com/vmware/govmomi/vim25/mo"
 	"github.com/vmware/govmomi/vim25/types"
 
+	// Register the SPBM endpoint (/pbm), as upstream vcsim does: terraform-provider-vsphere's
+	// client makes its pbm.NewClient while it configures (vsphere/config.go Client), and without it the real
+	// provider fails with `POST /pbm: 404` before its first call.
+	_ "github.com/vmware/govmomi/pbm/simulator"
 	// Register the vAPI endpoints (tags, content library), as upstream vcsim does.
 	_ "github.com/vmware/govmomi/vapi/simulator"
 )
@@ -100,7 +104,8 @@ func main() {
 	<-stop
 }
 
-// runtimeEnumDefaults gives every VM the runtime.faultToleranceState and recordReplayState a
+// runtimeEnumDefaults gives every VM the swapPlacement vCenter reports (below), and the
+// runtime.faultToleranceState and recordReplayState a
 // vCenter reports for a VM without Fault Tolerance or record/replay: "notConfigured", "inactive".
 // The simulator leaves both empty, and both fields are required (no omitempty in vim25/types), so
 // it sends empty enums that pyVmomi 9 cannot parse: reading vm.runtime or vm.summary then fails
@@ -123,6 +128,13 @@ func setRuntimeEnums(obj mo.Reference) {
 	vm, ok := obj.(*simulator.VirtualMachine)
 	if !ok {
 		return
+	}
+	// vCenter reports swapPlacement "inherit" for a VM created without one, and keeps what a
+	// reconfigure sets; the simulator reports "" and ignores spec.swapPlacement
+	// (simulator/virtual_machine.go configure), so the vSphere provider, which always sends its
+	// default "inherit", saw a change on every preview (issue #29).
+	if vm.Config != nil && vm.Config.SwapPlacement == "" {
+		vm.Config.SwapPlacement = string(types.VirtualMachineConfigInfoSwapPlacementTypeInherit)
 	}
 	for _, runtime := range []*types.VirtualMachineRuntimeInfo{&vm.Runtime, &vm.Summary.Runtime} {
 		if runtime.FaultToleranceState == "" {
