@@ -37,7 +37,9 @@ def start_vcsim(binary: str, user: str, password_file: Path) -> tuple[subprocess
     proc = subprocess.Popen(
         [binary, "-l", "127.0.0.1:0", "-username", user, "-password", password,
          "-dc", "1", "-cluster", "1", "-host", "3", "-vm", "0", "-ds", "1", "-pg", "1"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        # vcsim's own log (a panic's stack among it) beside the box's, kept with the artifacts.
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(password_file.parent / "vcsim.log", "w"),  # noqa: SIM115
+        text=True,
         env={"LABS_K8S_VCSIM_PASSWORD_FILE": str(password_file), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert proc.stdout is not None
@@ -48,8 +50,21 @@ def start_vcsim(binary: str, user: str, password_file: Path) -> tuple[subprocess
     raise SystemExit(f"vcsim exited ({proc.wait()}) before printing its URL")
 
 
+def is_builder(machine: vim.VirtualMachine) -> bool:
+    """The template's builder: the one VM that boots the install ISO the template layer uploaded
+    (labs-k8s-iso/...). The clones, which the real vSphere provider powers on, keep running."""
+    if machine.config is None or machine.config.template:
+        return False
+    return any(
+        isinstance(device, vim.vm.device.VirtualCdrom)
+        and isinstance(device.backing, vim.vm.device.VirtualCdrom.IsoBackingInfo)
+        and "] labs-k8s-iso/" in (device.backing.fileName or "")
+        for device in machine.config.hardware.device
+    )
+
+
 def play_installer(host: str, port: int, user: str, password_file: Path, stop: threading.Event) -> None:
-    """Power off every running VM that is not a template: only builders run here. While a file
+    """Power off a running builder, as the installer does after late_command. While a file
     `installer-hold` sits beside the password file, the installer is still at work: nothing is
     powered off (a test kills the CLI mid-build that way)."""
     si = None
@@ -62,7 +77,7 @@ def play_installer(host: str, port: int, user: str, password_file: Path, stop: t
                 si = vs.connect(host, user, password_file.read_text().strip(), port=port, insecure=True)
             for machine, _ in vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, ["name"]):
                 try:
-                    if not machine.config.template and vs.power_state(machine) == "poweredOn":
+                    if is_builder(machine) and vs.power_state(machine) == "poweredOn":
                         time.sleep(0.3)
                         vs.power_off(machine)
                 except vmodl.fault.ManagedObjectNotFound:

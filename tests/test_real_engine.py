@@ -1,28 +1,31 @@
-"""The real Pulumi CLI (built from Go modules by tests/tools/build_toolchain.sh) runs this program.
+"""The real Pulumi CLI, the real Python language host and the real pulumi-vsphere, pulumi-command and
+pulumi-random plugins (tests/tools/build_toolchain.sh and build_plugins.sh: the CLI from Go
+modules, the plugins and the language host from ../shared/third_party) run this program.
 
-What runs for real here: the CLI and its engine, the `file://` backend, passphrase secrets, the
-stack set up the README's way, the Makefile's checks (`make preview`/`make destroy` call
-`python -m components check` and then the CLI), our dynamic providers started by the CLI through
-`pulumi-resource-pulumi-python`, and vcsim for every vCenter call, all in a network namespace of
-their own (tests/pulumi_engine.py). What cannot run here, and why (the Go module proxy refuses
-the modules): the Python language host (the program runs through the SDK's Automation API
-language server instead, tests/engine_driver.py) and the vsphere, command and random providers
-(tests/tools/toolchain/manifest.json). docs/testing.md says which proofs run where.
+What runs for real here: `make preview`, `make up`, `make destroy` and the CLI's own commands on a
+user's copy of this checkout, set up the README's way (`file://` backend, passphrase secrets); the
+CLI spawns the language host, which runs `__main__.py` in the project's .venv; the vSphere
+provider clones, reconfigures and deletes VMs and DRS rules in vcsim; our dynamic providers build
+the template through `pulumi-resource-pulumi-python`. All of it in a network namespace of its own
+(tests/pulumi_engine.py), with vcsim and the ISO server on its loopback. What cannot run here: the
+remote steps' SSH hosts (the lab-in-a-box issue); until then the scenario runs the vSphere layers
+by `--target` (tests/pulumi_engine.py LAYERS). docs/testing.md says which proofs run where.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
+import os
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.pulumi_engine import EngineLab, manifest, readme_setup, start_lab, stop_lab, toolchain_bin
+from tests.pulumi_engine import LAYERS, EngineLab, manifest, readme_setup, start_lab, stop_lab, toolchain_bin
 from tests.requirements import require_root, require_tool
 from tests.standin_iso import build_standin_netinst
 from tests.vcsim import vcsim_binary
@@ -30,7 +33,6 @@ from tests.vcsim import vcsim_binary
 pytestmark = pytest.mark.integration
 
 ISO_NAME = "debian-12.12.0-amd64-netinst.iso"
-REFUSED = {entry["name"] for entry in manifest()["binaries"] if entry["status"] == "refused"}
 
 
 @pytest.fixture(scope="module")
@@ -71,54 +73,133 @@ def assert_no_clear_secret(lab: EngineLab, text: str, where: str) -> None:
 
 
 def test_the_toolchain_is_what_the_manifest_says() -> None:
-    """Each binary at the version its entry names; each refused module says why and what instead."""
+    """The CLI at the version its entry names; each plugin built from ../shared/third_party answers
+    the version its entry names (the engine asks for exactly the versions the SDKs pin)."""
     bin_dir = toolchain_bin()
     entries = {entry["name"]: entry for entry in manifest()["binaries"]}
-    import subprocess
-
     reported = subprocess.run([str(bin_dir / "pulumi"), "version"], capture_output=True, text=True, check=True)
     assert reported.stdout.strip() == entries["pulumi"]["version"]
-    for name in ("pulumi-language-python-exec", "pulumi-resource-pulumi-python"):
+    for name in ("pulumi-language-python-exec", "pulumi-resource-pulumi-python", "pulumi-language-python"):
         assert (bin_dir / name).stat().st_mode & 0o111, f"{name} is not executable"
+    plugins = json.loads((bin_dir.parent / "plugins.json").read_text())
+    assert {p["name"] for p in plugins} == {"vsphere", "command", "random"}
+    for plugin in plugins:
+        entry = entries[f"pulumi-resource-{plugin['name']}"]
+        assert plugin["version"] == entry["version"]
+        assert plugin_info_version(plugin["path"]) == entry["version"], plugin
+        # The SDK the program imports asks the engine for this very version.
+        assert f"pulumi-{plugin['name']}=={entry['version']}" in REQUIREMENTS
     for entry in entries.values():
-        assert entry["status"] in {"exact", "substitute", "refused"}, entry
-        assert entry["why"] and (entry["status"] != "refused" or entry["instead"]), entry
-        assert entry["status"] == "refused" or entry.get("version"), entry
-    assert {"pulumi-language-python", "pulumi-resource-vsphere", "pulumi-resource-command"} <= REFUSED
+        assert entry["status"] in {"exact", "substitute"}, entry
+        assert entry["why"] and entry.get("version"), entry
+        for archive in entry.get("archives", []):
+            assert len(archive["sha256"]) == 64 and len(archive["commit"]) == 40, archive
 
 
-def test_a_new_stack_on_a_file_backend_previews_without_crashing_the_cli(engine_lab) -> None:
-    """README steps 2, 3 and 5 on a `file://` backend, then `make preview`, then the program.
+def plugin_info_version(binary: str) -> str:
+    """The version the plugin answers to the engine's GetPluginInfo (what the engine compares with
+    the version the SDK asked for): the plugin is started as the engine starts it, prints its port,
+    and is asked over gRPC on loopback."""
+    import grpc
+    from google.protobuf import empty_pb2
+    from pulumi.runtime.proto import provider_pb2_grpc
 
-    The CLI dies with a nil-pointer panic when `pulumi:pulumi:readStackResourceOutputs` reads a
-    stack whose checkpoint has no deployment (pkg/backend/backend.go GetStackResourceOutputs ranges
-    over a nil snapshot). The program must not ask it on a stack that was never deployed."""
+    proc = subprocess.Popen([binary], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        port = proc.stdout.readline().strip()
+        assert port.isdigit(), f"{binary} printed {port!r}, not its port"
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            info = provider_pb2_grpc.ResourceProviderStub(channel).GetPluginInfo(empty_pb2.Empty(), timeout=30)
+        return str(info.version).removeprefix("v")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+REQUIREMENTS = (Path(__file__).resolve().parents[1] / "requirements.in").read_text()
+
+
+def test_an_altered_archive_is_refused_before_anything_is_extracted(tmp_path: Path) -> None:
+    """build_plugins.sh checks each archive's sha256 against our pin and the snapshot's manifest."""
+    from tests.pulumi_engine import REPO_ROOT
+
+    require_tool("jq")
+    spec = next(e for e in manifest()["binaries"] if e["name"] == "pulumi-resource-command")
+    third_party = tmp_path / "third_party"
+    third_party.mkdir()
+    real = third_party_dir()
+    shutil.copy2(real / "MANIFEST.json", third_party / "MANIFEST.json")
+    for archive in spec["archives"]:
+        shutil.copy2(real / archive["file"], third_party / archive["file"])
+    altered = third_party / spec["archives"][0]["file"]
+    altered.write_bytes(altered.read_bytes() + b"\0")
+    cache = tmp_path / "cache-probe"
+    run = subprocess.run(
+        ["bash", str(REPO_ROOT / "tests" / "tools" / "build_plugins.sh"), "pulumi-resource-command"],
+        env={**os.environ, "LABS_K8S_THIRD_PARTY": str(third_party), "LABS_K8S_PLUGIN_CACHE": str(cache)},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "refusing to build from an altered or unlisted archive" in run.stderr, run.stderr
+    assert not list(cache.glob("*/src/*")), "something was extracted from the altered archive"
+
+
+def third_party_dir() -> Path:
+    from tests.pulumi_engine import REPO_ROOT
+
+    for candidate in (os.environ.get("LABS_K8S_THIRD_PARTY", ""), REPO_ROOT.parent / "shared" / "third_party"):
+        if candidate and (Path(candidate) / "MANIFEST.json").is_file():
+            return Path(candidate)
+    return Path("/work/shared/third_party")
+
+
+def planned(lab: EngineLab, *args: str) -> list[dict[str, Any]]:
+    """The steps of `pulumi preview --json`: what the real engine would do."""
+    run = lab.run(
+        "pulumi-preview-json", "pulumi", "preview", "--stack", lab.stack, "--json", "--non-interactive", *args
+    )
+    assert run.ok, lab.transcript()
+    return list(json.loads(run.stdout).get("steps") or [])
+
+
+def by_type(steps: list[dict[str, Any]], op: str | None = None) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for step in steps:
+        if op is None or step["op"] == op:
+            found.setdefault(step["urn"].split("::")[2].rsplit("$", 1)[-1], []).append(step["urn"].rsplit("::", 1)[-1])
+    return found
+
+
+VM = "vsphere:index/virtualMachine:VirtualMachine"
+RULE = "vsphere:index/computeClusterVmAntiAffinityRule:ComputeClusterVmAntiAffinityRule"
+NODES = {
+    "labs-k8s-lb01",
+    "labs-k8s-lb02",
+    "labs-k8s-m01",
+    "labs-k8s-m02",
+    "labs-k8s-m03",
+    "labs-k8s-w01",
+    "labs-k8s-w02",
+}
+
+
+def test_make_preview_of_a_new_stack_plans_the_whole_lab(engine_lab) -> None:
+    """README steps 2, 3 and 5, then `make preview` as a user runs it. Found on the real engine:
+    pulumi-command 1.2.1 answered a step's secret trigger, still unknown in a preview, as a secret
+    without a value, and the CLI refused the whole preview (`triggers[0]: malformed secret:
+    missing value`), so `pulumi up` failed in its own preview and created nothing."""
     lab = engine_lab()
     readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
-    for target in ("preview", "up"):
-        made = lab.make(target)
-        # The Makefile's checks pass on the real CLI (`make up`'s gives a self-managed stack its
-        # initial deployment, with `pulumi stack import`); then the CLI needs the Python language
-        # host, which the Go module proxy refuses (manifest): the one step that cannot run here.
-        assert made.ok or "no language plugin 'pulumi-language-python' found" in made.output, lab.transcript()
-        assert "panic" not in made.output, lab.transcript()
-    run = lab.engine("preview")
-    assert "panic" not in run.output and "nil pointer" not in run.output, lab.transcript()
-    assert_stops_only_at_a_refused_plugin(lab, run.engine_result(), run.output)
-    assert_no_clear_secret(lab, run.output, "the CLI's output")
-
-
-def test_a_deployment_less_checkpoint_does_not_crash_the_cli(engine_lab) -> None:
-    """The checkpoint diy's CreateStack saves first (an empty TypedDeployment: no `latest`), which
-    a stack keeps when what follows never ran: the program's first invoke must not panic on it."""
-    lab = engine_lab()
-    readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
-    checkpoint = lab.root / "backend" / ".pulumi" / "stacks" / "labs-k8s" / f"{lab.stack}.json"
-    assert checkpoint.is_file(), sorted(p.name for p in checkpoint.parent.iterdir())
-    checkpoint.write_text(json.dumps({"version": 3, "checkpoint": {"stack": f"organization/labs-k8s/{lab.stack}"}}))
-    run = lab.engine("preview")
-    assert "panic" not in run.output and "nil pointer" not in run.output, lab.transcript()
-    assert_stops_only_at_a_refused_plugin(lab, run.engine_result(), run.output)
+    made = lab.make("preview")
+    assert made.ok, lab.transcript()
+    assert "malformed secret" not in made.output and "panic" not in made.output, lab.transcript()
+    assert_no_clear_secret(lab, made.output, "`make preview`'s output")
+    creates = by_type(planned(lab), "create")
+    assert set(creates.get(VM, [])) == NODES, creates
+    assert len(creates.get(RULE, [])) == 3, creates
+    assert creates.get("labs-k8s:template:GoldenTemplate") == ["template"], creates
+    assert "command:remote:Command" in creates, "the remote steps are planned too"
 
 
 def lab_iso_sha(lab: EngineLab) -> str:
@@ -134,14 +215,17 @@ def _iso_sha(iso: tuple[Path, str]) -> None:
     _ISO_SHA[:] = [iso[1]]
 
 
-def assert_stops_only_at_a_refused_plugin(lab: EngineLab, result: dict[str, Any], output: str) -> None:
-    """The run succeeded, or it failed only where the engine asked for a provider plugin that the
-    Go module proxy refuses (the manifest's `refused` entries), not anywhere before."""
-    if result["ok"]:
-        return
-    missing = re.findall(r"no resource plugin '(?:pulumi-resource-)?([a-z-]+)'", output)
-    assert missing, f"the run failed before any provider plugin was asked for:\n{lab.transcript()}"
-    assert {f"pulumi-resource-{name}" for name in missing} <= REFUSED, lab.transcript()
+def test_a_deployment_less_checkpoint_does_not_crash_the_cli(engine_lab) -> None:
+    """The checkpoint diy's CreateStack saves first (an empty TypedDeployment: no `latest`), which
+    a stack keeps when what follows never ran: the program's first invoke must not panic on it."""
+    lab = engine_lab()
+    readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
+    checkpoint = lab.root / "backend" / ".pulumi" / "stacks" / "labs-k8s" / f"{lab.stack}.json"
+    assert checkpoint.is_file(), sorted(p.name for p in checkpoint.parent.iterdir())
+    checkpoint.write_text(json.dumps({"version": 3, "checkpoint": {"stack": f"organization/labs-k8s/{lab.stack}"}}))
+    run = lab.engine("preview")
+    assert "panic" not in run.output and "nil pointer" not in run.output, lab.transcript()
+    assert run.ok, lab.transcript()
 
 
 def vcsim_templates(lab: EngineLab) -> list[str]:
@@ -157,13 +241,13 @@ def test_the_template_layer_on_the_real_engine(engine_lab) -> None:
     lab = engine_lab()
     readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
 
-    first = lab.engine("up", program="template")
+    first = lab.engine("up", layers="template")
     assert first.engine_result()["ok"], lab.transcript()
     assert first.engine_result()["changes"] == {"create": 3}, lab.transcript()
     assert len(vcsim_templates(lab)) == 1
     assert_no_clear_secret(lab, first.output, "the CLI's output")
 
-    again = lab.engine("preview", program="template", expect_no_changes=True)
+    again = lab.engine("preview", layers="template", expect_no_changes=True)
     assert again.engine_result()["ok"], f"a perpetual diff on the real engine:\n{lab.transcript()}"
 
     state = json.dumps(lab.stack_export())
@@ -182,7 +266,7 @@ def test_the_template_layer_on_the_real_engine(engine_lab) -> None:
     assert_no_clear_secret(lab, stale.output, "`make destroy`'s output")
     # What the runbook says to do: one `up` (or `pulumi refresh --run-program`) records the new
     # login; then destroy works.
-    recorded = lab.engine("refresh", program="template")
+    recorded = lab.engine("refresh", layers="template")
     assert recorded.engine_result()["ok"], lab.transcript()
     destroyed = lab.make("destroy")
     assert destroyed.ok, lab.transcript()
@@ -212,9 +296,7 @@ def test_an_up_whose_cli_is_killed_mid_build_converges_after_the_printed_fix(eng
     file); after `pulumi cancel`, `up` converges on one template (the provider adopts the builder
     the dead run left: no second one), warns of the interrupted create, and a preview then has
     no change."""
-    import os
     import signal
-    import subprocess
     import time
 
     lab = engine_lab()
@@ -223,9 +305,10 @@ def test_an_up_whose_cli_is_killed_mid_build_converges_after_the_printed_fix(eng
     hold.touch()
     log = lab.root / "killed-up.log"
     with log.open("w") as out:
+        targets = [f"--target={t.format(stack=lab.stack)}" for t in LAYERS["template"]]
         driver = subprocess.Popen(
-            ["ip", "netns", "exec", lab.netns, "python", "-m", "tests.engine_driver", "--stack", lab.stack,
-             "--pulumi-root", str(lab.bin_dir.parent), "--op", "up", "--program", "template"],
+            ["ip", "netns", "exec", lab.netns, str(lab.bin_dir / "pulumi"), "up", "--stack", lab.stack, "--yes",
+             "--skip-preview", "--non-interactive", *targets],
             cwd=lab.workspace, env=lab.env(), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 240
@@ -239,14 +322,160 @@ def test_an_up_whose_cli_is_killed_mid_build_converges_after_the_printed_fix(eng
         driver.wait(timeout=60)
     hold.unlink()
 
-    locked = lab.engine("up", program="template")
+    locked = lab.engine("up", layers="template")
     assert not locked.engine_result()["ok"]
     assert "the stack is currently locked" in locked.output and "pulumi cancel" in locked.output, lab.transcript()
     lab.pulumi("cancel", "--stack", lab.stack, "--yes")
-    resumed = lab.engine("up", program="template")
+    resumed = lab.engine("up", layers="template")
     assert resumed.engine_result()["ok"], lab.transcript()
     assert "pending operations from previous deployment" in resumed.output, lab.transcript()
     machines = vcsim_machines(lab)
     assert [template for _, template in machines] == [True], f"one template and nothing else: {machines}"
-    again = lab.engine("preview", program="template", expect_no_changes=True)
+    again = lab.engine("preview", layers="template", expect_no_changes=True)
     assert again.engine_result()["ok"], lab.transcript()
+
+
+def vcsim_inventory(lab: EngineLab) -> dict[str, Any]:
+    """What vCenter holds, read back with pyVmomi: each clone's hardware and guestinfo keys, the DRS
+    rules, and the datastore's top-level entries."""
+    assert lab.password_file is not None
+    host, port = lab.vcsim.split(":")
+    script = f"""
+import json
+from pyVmomi import vim
+from components import vsphere as vs
+si = vs.connect({host!r}, "labs", open({str(lab.password_file)!r}).read().strip(), port={port}, insecure=True)
+machines = {{}}
+for vm, _ in vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, ["name"]):
+    devices = vm.config.hardware.device
+    machines[vm.name] = {{
+        "template": bool(vm.config.template),
+        "cpus": vm.config.hardware.numCPU,
+        "memoryMiB": vm.config.hardware.memoryMB,
+        "controllers": sorted(type(d).__name__ for d in devices if isinstance(d, vim.vm.device.VirtualSCSIController)),
+        "nics": [[type(d).__name__, d.macAddress, d.addressType] for d in devices
+                 if isinstance(d, vim.vm.device.VirtualEthernetCard)],
+        "disks": [[d.capacityInKB // 1048576, bool(d.backing.eagerlyScrub), bool(d.backing.thinProvisioned)]
+                  for d in devices if isinstance(d, vim.vm.device.VirtualDisk)],
+        "guestinfo": sorted(o.key for o in vm.config.extraConfig if o.key.startswith("guestinfo.")),
+        "power": str(vm.runtime.powerState),
+    }}
+rules = []
+for cluster, _ in vs.collect_properties(si, si.content.rootFolder, vim.ClusterComputeResource, ["name"]):
+    for rule in cluster.configurationEx.rule or []:
+        rules.append([rule.name, type(rule).__name__, sorted(vm.name for vm in rule.vm)])
+datastore = {{}}
+for ds, _ in vs.collect_properties(si, si.content.rootFolder, vim.Datastore, ["name"]):
+    spec = vim.host.DatastoreBrowser.SearchSpec(matchPattern=["*"], query=[vim.host.DatastoreBrowser.FolderQuery()])
+    task = ds.browser.SearchDatastore_Task(datastorePath=f"[{{ds.name}}]", searchSpec=spec)
+    datastore[ds.name] = sorted(f.path for f in (vs.wait_for_task(task, "listing", 60).file or []))
+print(json.dumps({{"machines": machines, "rules": sorted(rules), "datastore": datastore}}))
+"""
+    listed = lab.run("vcsim-inventory", "python", "-c", script)
+    assert listed.ok, listed.output
+    return json.loads(listed.stdout)
+
+
+def assert_the_clones_are_what_the_plan_says(lab: EngineLab, inventory: dict[str, Any]) -> None:
+    from components.rendering import node as node_rendering
+    from components.stack_config import read_stack_inputs_from_file
+
+    lab_config = read_stack_inputs_from_file(lab.workspace / f"Pulumi.{lab.stack}.yaml").lab
+    clones = {name: m for name, m in inventory["machines"].items() if not m["template"]}
+    assert set(clones) == NODES, sorted(clones)
+    for node in lab_config.nodes:
+        vm = clones[node.name]
+        assert vm["controllers"] == ["ParaVirtualSCSIController"], (node.name, vm)
+        assert vm["nics"] == [["VirtualVmxnet3", node_rendering.node_mac(node), "manual"]], (node.name, vm)
+        assert vm["disks"] and all(eager and not thin for _, eager, thin in vm["disks"]), (node.name, vm)
+        assert vm["cpus"] == node.cpus and vm["memoryMiB"] == node.memory_mib, (node.name, vm)
+        assert {"guestinfo.metadata", "guestinfo.metadata.encoding", "guestinfo.userdata",
+                "guestinfo.userdata.encoding"} <= set(vm["guestinfo"]), (node.name, vm)  # fmt: skip
+        assert vm["power"] == "poweredOn", (node.name, vm)
+    rules = {name: (kind, members) for name, kind, members in inventory["rules"]}
+    assert len(rules) == 3 and all(kind == "ClusterAntiAffinityRuleSpec" for kind, _ in rules.values()), rules
+    assert sorted(m for _, members in rules.values() for m in members) == sorted(NODES), rules
+
+
+def test_the_vsphere_half_up_no_change_rotation_and_destroy(engine_lab) -> None:
+    """The vSphere layers by `--target` (the remote steps need SSH hosts): the template by our
+    dynamic provider, seven clones and three rules by the real vSphere provider, read back from
+    vcsim; a preview right after shows no change (every perpetual diff of the real provider is a
+    defect); a vCenter password rotation; `make destroy` leaves vCenter and the datastore empty;
+    no secret in clear in `pulumi stack export` at any point."""
+    lab = engine_lab()
+    readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
+    first = lab.engine("up", layers="vsphere", timeout=1200)
+    assert first.ok, lab.transcript()
+    assert_no_clear_secret(lab, first.output, "the CLI's output")
+    assert_no_clear_secret(lab, json.dumps(lab.stack_export()), "`pulumi stack export` after up")
+    assert_the_clones_are_what_the_plan_says(lab, vcsim_inventory(lab))
+
+    again = lab.engine("preview", layers="vsphere", expect_no_changes=True)
+    assert again.ok, f"a perpetual diff on the real engine:\n{lab.transcript()}"
+
+    assert_the_change_table_holds_on_the_real_plan(lab)
+
+    # A vCenter password rotation: vcsim takes only the new one; one `up` records the new login.
+    assert lab.password_file is not None
+    lab.password_file.write_text("rotated-vcenter-secret\n")
+    lab.pulumi("config", "set", "--stack", lab.stack, "--secret", "vsphere:password", stdin="rotated-vcenter-secret\n")
+    recorded = lab.engine("up", layers="vsphere")
+    assert recorded.ok, lab.transcript()
+    assert_no_clear_secret(lab, json.dumps(lab.stack_export()), "`pulumi stack export` after the rotation")
+
+    destroyed = lab.make("destroy", timeout=1200)
+    assert destroyed.ok, lab.transcript()
+    inventory = vcsim_inventory(lab)
+    assert inventory["machines"] == {} and inventory["rules"] == [], inventory
+    assert all("labs-k8s-iso" not in entries for entries in inventory["datastore"].values()), inventory["datastore"]
+    assert_no_clear_secret(lab, json.dumps(lab.stack_export()), "`pulumi stack export` after destroy")
+
+
+def vm_ops(lab: EngineLab) -> dict[str, set[str]]:
+    """VM name -> the ops of the real engine's plan for it (`pulumi preview --json`), vSphere layers."""
+    targets = [f"--target={t.format(stack=lab.stack)}" for t in LAYERS["vsphere"]]
+    ops: dict[str, set[str]] = {}
+    for step in planned(lab, *targets):
+        if step["urn"].split("::")[2].endswith(VM) and step["op"] != "same":
+            ops.setdefault(step["urn"].rsplit("::", 1)[-1], set()).add(step["op"])
+    return ops
+
+
+def assert_the_change_table_holds_on_the_real_plan(lab: EngineLab) -> None:
+    """docs/runbook.md "What a config change does", against the real engine's plan: an SSH public
+    key rotation updates every VM's guestinfo in place; a node's address change replaces that VM
+    alone, the old one deleted first (same name, same folder); a worker added is one clone more;
+    a worker removed is that VM deleted. Each change is undone before the next."""
+    stack = ["--stack", lab.stack]
+    stack_file = lab.workspace / f"Pulumi.{lab.stack}.yaml"
+    original = stack_file.read_text()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(lab.root / "rotated")], check=True)
+    rotated = (lab.root / "rotated.pub").read_text().strip()
+    lab.pulumi("config", "set", *stack, "--path", "labs-k8s:ssh.publicKey", rotated)
+    assert vm_ops(lab) == {name: {"update"} for name in NODES}, lab.transcript()
+    stack_file.write_text(original)
+
+    lab.pulumi("config", "set", *stack, "--path", "labs-k8s:nodes.workers.hosts[1].ip", "10.3.60.57")
+    plan = vm_ops(lab)
+    assert plan == {"labs-k8s-w02": {"delete-replaced", "create-replacement", "replace"}}, plan
+    steps = [
+        s["op"] for s in planned(lab) if s["urn"].endswith("::labs-k8s-w02") and s["urn"].split("::")[2].endswith(VM)
+    ]
+    assert steps.index("delete-replaced") < steps.index("create-replacement"), steps
+    stack_file.write_text(original)
+
+    lab.pulumi("config", "set", *stack, "--path", "labs-k8s:nodes.workers.hosts[2].name", "labs-k8s-w03")
+    lab.pulumi("config", "set", *stack, "--path", "labs-k8s:nodes.workers.hosts[2].ip", "10.3.60.57")
+    assert vm_ops(lab) == {"labs-k8s-w03": {"create"}}, lab.transcript()
+    stack_file.write_text(original)
+
+    import yaml
+
+    settings = yaml.safe_load(original)
+    hosts = settings["config"]["labs-k8s:nodes"]["workers"]["hosts"]
+    assert [h["name"] for h in hosts] == ["labs-k8s-w01", "labs-k8s-w02"], "the example changed: update this test"
+    del hosts[1]
+    stack_file.write_text(yaml.safe_dump(settings))
+    assert vm_ops(lab) == {"labs-k8s-w02": {"delete"}}, lab.transcript()
+    stack_file.write_text(original)
