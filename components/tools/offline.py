@@ -200,6 +200,12 @@ def _bundle_param(bundle: str, name: str) -> str | None:
     return found.group(1).strip("'") if found else None
 
 
+def _bundle_file(bundle: str, name: str) -> str | None:
+    """A file of a step bundle (rendering.step_bundle's base64 heredocs), decoded."""
+    match = re.search(rf"/{re.escape(name)}'? <<'LABS_K8S_EOF'\n(.*?)\nLABS_K8S_EOF", bundle, re.S)
+    return base64.b64decode("".join(match.group(1).split())).decode() if match else None
+
+
 def _fake_hex(seed: str, length: int) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:length]
 
@@ -255,14 +261,10 @@ class LabMocks(pulumi.runtime.Mocks):
         # all, what `pulumi stack init` leaves (pulumi/pulumi pkg/backend/diy/backend.go CreateStack).
         self.previous = None if previous is None else dict(previous)
         self.self_managed = organization == SELF_MANAGED_ORGANIZATION
-        # RandomPassword results by resource name: the node keys a proving step's answer is proven with.
-        self.passwords: dict[str, str] = {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
         if (args.typ, args.name) in self.kept:
             kept = dict(self.kept[(args.typ, args.name)])
-            if args.typ == "random:index/randomPassword:RandomPassword" and "result" in kept:
-                self.passwords[args.name] = str(kept["result"])  # a kept node key still proves answers
             return f"{args.name}-id", kept
         # Only what providers compute: echoing every input back (stdin bundles, guestinfo) would make
         # the mock, not the program, dominate evaluation time.
@@ -272,12 +274,11 @@ class LabMocks(pulumi.runtime.Mocks):
             outputs.update(uuid=f"4200{_fake_hex(args.name, 28)}", moid=f"vm-{_fake_hex(args.name, 4)}")
         elif args.typ == "random:index/randomPassword:RandomPassword":
             outputs["result"] = _fake_hex(args.name, int(args.inputs.get("length", 16)))
-            self.passwords[args.name] = outputs["result"]
         elif args.typ == "random:index/randomId:RandomId":
             size = int(args.inputs.get("byteLength", 32))
             outputs.update(hex=_fake_hex(args.name, size * 2), b64Std="", b64Url="", dec="")
         elif args.typ == "command:remote:Command":
-            outputs.update(stdout=self._proven(self._command_stdout(args.name, args.inputs), args.inputs), stderr="")
+            outputs.update(stdout=self._command_stdout(args.name, args.inputs), stderr="")
         elif args.typ == "pulumi-python:dynamic:Resource":
             # Both dynamic providers return their inputs as outputs (few, small); the template
             # build adds the UUID, managed object id and guest id of the template it made.
@@ -290,22 +291,11 @@ class LabMocks(pulumi.runtime.Mocks):
                 )
         return resource_id, outputs
 
-    def _proven(self, stdout: str, inputs: Mapping[str, Any]) -> str:
-        """What unseal-step.sh prints on a host that opened a proving bundle: the answer, then its proof
-        (the node keys are the mock's own RandomPassword results, `<node>-node-key`)."""
-        from components.rendering import sealed
-
-        stdin = str(_unwrap(inputs.get("stdin", "")))  # a secret input arrives in its wire form
-        if f"/{sealed.PROVE_FILE} <<" not in stdin:
-            return stdout
-        for host in sealed.recipients_of(stdin):
-            key = self.passwords.get(f"{host}-node-key")
-            if key is not None:
-                answer = stdout.rstrip("\n")  # as `answer=$(...)` in unseal-step.sh keeps it
-                return f"{answer}\n{sealed.proof(stdin, key, answer)}"
-        return stdout
-
     def _command_stdout(self, name: str, inputs: Mapping[str, Any]) -> str:
+        if name.endswith("-host-key"):
+            # install-host-keys.sh prints the Ed25519 key the node now presents: the one in its bundle.
+            stdin = str(_unwrap(inputs.get("stdin", "")))  # a secret input arrives in its wire form
+            return (_bundle_file(stdin, "ssh_host_ed25519_key.pub") or "").strip()
         if name.endswith("-kubeadm-join"):
             return "joined"
         if name.endswith("-upgrade"):
