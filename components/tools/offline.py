@@ -250,8 +250,12 @@ class LabMocks(pulumi.runtime.Mocks):
         kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
         previous: Mapping[str, Any] | None = None,
         organization: str = SELF_MANAGED_ORGANIZATION,
+        unknown_outputs: bool = False,
     ) -> None:
         self.vip = vip
+        # A new stack's preview: the engine knows nothing a provider computes (a create previewed by
+        # pulumi-random or pulumi-command answers unknowns), so every such output stays unknown.
+        self.unknown_outputs = unknown_outputs
         self.calls: list[tuple[str, dict[str, Any]]] = []
         # (type, name) -> outputs: resources the engine would leave as they are (a "same" step
         # keeps the outputs in the state, whatever the new inputs), see components/tools/changes.py.
@@ -263,6 +267,8 @@ class LabMocks(pulumi.runtime.Mocks):
         self.self_managed = organization == SELF_MANAGED_ORGANIZATION
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
+        if self.unknown_outputs:
+            return "", {}  # in a preview the SDK reads an empty id and every missing output as unknown
         if (args.typ, args.name) in self.kept:
             kept = dict(self.kept[(args.typ, args.name)])
             return f"{args.name}-id", kept
@@ -525,6 +531,7 @@ def run_program(
     kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
     previous: Mapping[str, Any] | None = None,
     organization: str = SELF_MANAGED_ORGANIZATION,
+    unknown_outputs: bool = False,
 ) -> OfflineRun:
     """Run `__main__.py` (or `program`) as the engine would, under mocks, and return what it registered.
 
@@ -532,6 +539,7 @@ def run_program(
     gives the outputs of resources that the mock providers return unchanged (LabMocks.kept).
     `previous` is the stack's last deployment (None: a new stack with none, LabMocks.previous);
     `organization` "organization" is a self-managed backend, any other Pulumi Cloud.
+    `unknown_outputs` (with `preview`): a new stack's preview, no provider output known (LabMocks).
     """
     config, secret_keys = stack_config(stack, overrides, stack_file)
     vip = (
@@ -539,7 +547,9 @@ def run_program(
         if ("labs-k8s:loadBalancer" in config)
         else "10.3.60.100"
     )
-    mocks = LabMocks(vip=str(vip), kept=kept, previous=previous, organization=organization)
+    mocks = LabMocks(
+        vip=str(vip), kept=kept, previous=previous, organization=organization, unknown_outputs=unknown_outputs
+    )
     monitor = RecordingMonitor(mocks)
     if monitor_sink is not None:
         monitor_sink.append(monitor)  # lets a caller see what was registered before a failure
