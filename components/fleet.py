@@ -187,7 +187,7 @@ class NodeFleet(pulumi.ComponentResource):
             # First after the clone's boot: the node presents the keys pinned from here on. On a new
             # VM cloud-init installed them; on a running VM whose key was rotated this installs them
             # over a session pinned to the old key (rotation_pin), and every later step pins the new.
-            self.host_key_steps[node.name] = remote_steps.on_node(
+            self.host_key_steps[node.name] = remote_steps.host_key(
                 host_key_step_name(node),
                 node,
                 steps.Script(
@@ -196,11 +196,7 @@ class NodeFleet(pulumi.ComponentResource):
                     secrets=[node_key, cluster_key] if node.role is Role.CONTROL_PLANE else [node_key],
                 ),
                 after=[vm],
-                dial_attempts=steps.BOOT_DIAL_ATTEMPTS,
-                timeout=f"{boot_dials // 60 + 5}m",
-                # The public key it installed: the pin of the next rotation.
-                readable_stdout=True,
-                host_key=pulumi.Output.all(vm.id, public_key).apply(
+                presented=pulumi.Output.all(vm.id, public_key).apply(
                     lambda values, node=node: rotation_pin(previous, node, str(values[0]), str(values[1]))
                 ),
             )

@@ -191,6 +191,7 @@ class RemoteSteps:
     uses; all of them register through `_register`, so no call site can combine options into a step
     that no kind describes.
 
+    - `host_key`: the first step on a new VM: its pinned host keys in place, a rotation installed.
     - `on_node`: converges one machine; re-runs when its bundle or that machine's earlier steps or VM
       change (a replaced VM re-runs every step on it, in order).
     - `through_vip`: the same, on whichever control plane is healthy (cluster_connection).
@@ -222,14 +223,12 @@ class RemoteSteps:
         timeout: str = "30m",
         dial_attempts: int = STEP_DIAL_ATTEMPTS,
         readable_stdout: bool = False,
-        host_key: pulumi.Input[str] | None = None,
     ) -> remote.Command:
         """A step on `node` after `after` (that machine's earlier steps and its VM: their ids are part
         of the trigger). `order_after` only orders it: another machine's steps, whose re-run is no
         reason to re-run this one (a balancer's new HAProxy config does not re-run `kubeadm init`).
         `readable_stdout` keeps a secret step's stdout (a status word) readable in the state; stderr
-        stays secret. `dial_attempts`: BOOT_DIAL_ATTEMPTS for the first step after a clone's boot.
-        `host_key`: the key to pin instead of the node's own (the key a rotation replaces)."""
+        stays secret. `dial_attempts`: BOOT_DIAL_ATTEMPTS for the first step after a clone's boot."""
         return self._register(
             _Step(
                 name,
@@ -240,7 +239,27 @@ class RemoteSteps:
                 timeout=timeout,
                 dial_attempts=dial_attempts,
                 readable_stdout=readable_stdout,
-                host_key=host_key,
+            )
+        )
+
+    def host_key(
+        self, name: str, node: Node, script: Script, *, after: Sequence[pulumi.Resource], presented: pulumi.Input[str]
+    ) -> remote.Command:
+        """The first step after a clone's boot, which makes `node` present its pinned host keys (the
+        script gets them as secrets). It pins `presented`, the key the node has before it runs: the
+        same key on a new VM, the old one when a running VM's key is rotated (fleet.rotation_pin).
+        Its stdout (the public key it left in place) stays readable: the next rotation pins it."""
+        boot = dial_budget_seconds(BOOT_DIAL_ATTEMPTS)
+        return self._register(
+            _Step(
+                name,
+                script,
+                node=node,
+                depends_on=after,
+                timeout=f"{boot // 60 + 5}m",
+                dial_attempts=BOOT_DIAL_ATTEMPTS,
+                readable_stdout=True,
+                host_key=presented,
             )
         )
 
