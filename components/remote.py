@@ -27,6 +27,7 @@ from pulumi_command import remote
 
 from components.config import LabConfig, Node
 from components.rendering import content_hash, step_bundle
+from components.rendering.host_keys import HostKey
 from components.rendering.lb import CONTROL_PLANE_SSH_PORT
 
 # pulumi-command dials up to `dialErrorLimit` times; each attempt is bounded by `perDialTimeout`
@@ -343,7 +344,11 @@ class RemoteSteps:
         def bundle(values: Sequence[Any]) -> str:
             secret_values = values[: len(secrets)]
             arg_values = tuple(str(v) for v in values[len(secrets) :])
-            return step_bundle(resource_name, script.files(*secret_values), script.entrypoint, arg_values)
+            files = script.files(*secret_values)
+            # Every file that holds one of the secrets leaves the step directory when the step ends.
+            texts = [t for v in secret_values for t in _secret_texts(v)]
+            holding = [name for name, text in files.items() if any(t in text for t in texts)]
+            return step_bundle(resource_name, files, script.entrypoint, arg_values, secret_files=holding)
 
         stdin: pulumi.Input[str]
         stdin_hash: pulumi.Input[str]
@@ -412,6 +417,14 @@ class RemoteSteps:
             opts=options,
         )
         return command_resource
+
+
+def _secret_texts(value: Any) -> list[str]:
+    """The text by which a secret value shows in a file: a host key by its private key."""
+    if isinstance(value, HostKey):
+        return [value.private_openssh]
+    text = str(value)
+    return [text] if text else []
 
 
 @dataclass(frozen=True)

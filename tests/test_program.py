@@ -863,6 +863,8 @@ def test_secrets_travel_only_in_a_secret_stdin_with_the_logs_off(offline_run):
             assert "stdin" in reg.secret_input_keys, reg.name
             assert reg.plain_inputs["logging"] == "none", reg.name
             assert {"stdout", "stderr"} & set(reg.additional_secret_outputs) >= {"stderr"}, reg.name
+            # The files that hold them leave the step directory when the step ends.
+            assert "\ntrap 'rm -f -- /var/lib/labs-k8s/steps/" in reg.plain_inputs["stdin"], reg.name
         for value in secrets.values():
             for key in ("create", "delete", "triggers"):
                 assert value not in str(reg.plain_inputs.get(key, "")), (reg.name, key)
