@@ -579,6 +579,8 @@ def run_program(
         asyncio.set_event_loop(None)
 
     def rerun(keep: Mapping[tuple[str, str], Mapping[str, Any]]) -> OfflineRun:
+        # What this run's providers were told to answer (a seed `--replace`d) stays as it was.
+        keep = {**keep, **(kept or {})}
         return run_program(stack, overrides, program, preview, None, stack_file, keep, previous, organization)
 
     return OfflineRun(monitor.registrations, monitor.stack_outputs, mocks.calls, config, secret_keys, rerun)
