@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pulumi
@@ -65,6 +66,10 @@ def host_key_files(node_key: keys.HostKey, cluster_key: keys.HostKey | None) -> 
         files[f"ssh_host_{key.kind}_key"] = key.private_openssh
         files[f"ssh_host_{key.kind}_key.pub"] = key.public_openssh + "\n"
     return files
+
+
+def _pin_of(previous: PreviousState, node: Node, values: list[Any]) -> str:
+    return rotation_pin(previous, node, str(values[0]), str(values[1]))
 
 
 def rotation_pin(previous: PreviousState, node: Node, vm_id: str, new_key: str) -> str:
@@ -196,9 +201,7 @@ class NodeFleet(pulumi.ComponentResource):
                     secrets=[node_key, cluster_key] if node.role is Role.CONTROL_PLANE else [node_key],
                 ),
                 after=[vm],
-                presented=pulumi.Output.all(vm.id, public_key).apply(
-                    lambda values, node=node: rotation_pin(previous, node, str(values[0]), str(values[1]))
-                ),
+                presented=pulumi.Output.all(vm.id, public_key).apply(functools.partial(_pin_of, previous, node)),
             )
             self.ready[node.name] = remote_steps.on_node(
                 f"{node.name}-ready",
@@ -251,9 +254,8 @@ class NodeFleet(pulumi.ComponentResource):
             )
         # What the operator's ssh trusts (the stack output sshKnownHosts, docs/runbook.md).
         lines = [
-            public.apply(lambda key, node=node: keys.known_hosts_line(str(node.ip), 22, key))
+            self.node_host_keys[node.name].apply(functools.partial(keys.known_hosts_line, str(node.ip), 22))
             for node in lab.all_nodes
-            for public in [self.node_host_keys[node.name]]
         ]
         lines.append(
             pulumi.Output.from_input(self.pins.cluster).apply(
@@ -364,7 +366,9 @@ class NodeFleet(pulumi.ComponentResource):
         )
 
 
-def guestinfo_with_keys(lab: LabConfig, node: Node, host_keys: pulumi.Output[list[Any]]) -> dict[str, pulumi.Output[str]]:
+def guestinfo_with_keys(
+    lab: LabConfig, node: Node, host_keys: pulumi.Output[list[Any]]
+) -> dict[str, pulumi.Output[str]]:
     """The user-data guestinfo keys rendered with the node's host keys: secret Outputs (the private
     keys are in them). The metadata, and so the instance-id, stay without them."""
     rendered = host_keys.apply(lambda present: node_rendering.guestinfo_extra_config(lab, node, present))

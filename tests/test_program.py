@@ -805,7 +805,8 @@ def test_each_vm_gets_its_own_host_key_only_through_vcenter_and_never_in_its_ide
         assert "ssh_genkeytypes" not in userdata  # nothing else: sshd presents exactly these
         (drop_in,) = userdata["write_files"]
         assert drop_in["content"] == "".join(
-            f"HostKey /etc/ssh/ssh_host_{kind}_key\n" for kind in (["ed25519", "ecdsa"] if "-m0" in node else ["ed25519"])
+            f"HostKey /etc/ssh/ssh_host_{kind}_key\n"
+            for kind in (["ed25519", "ecdsa"] if "-m0" in node else ["ed25519"])
         )
         metadata = base64.b64decode(vm.plain_inputs["extraConfig"]["guestinfo.metadata"]).decode()
         for text in (metadata, vm.plain_inputs["replaceTrigger"]):
@@ -851,9 +852,9 @@ def test_secrets_travel_only_in_a_secret_stdin_with_the_logs_off(offline_run):
     steps that need them, over the pinned session; never on a command line, in triggers or in logs."""
     secrets = _secret_values(offline_run)
     for node in NODES:
-        secrets[f"{node} host key"] = (
-            host_keys.ed25519_host_key(_seed(offline_run, f"{node}-host-key-seed")).private_openssh.splitlines()[2]
-        )
+        secrets[f"{node} host key"] = host_keys.ed25519_host_key(
+            _seed(offline_run, f"{node}-host-key-seed")
+        ).private_openssh.splitlines()[2]
     carrying = set()
     for reg in offline_run.of_type(COMMAND):
         texts = _bundle_texts(reg.plain_inputs["stdin"])
@@ -874,7 +875,7 @@ def test_secrets_travel_only_in_a_secret_stdin_with_the_logs_off(offline_run):
 def test_the_join_pins_the_ca_hash_its_refresh_printed(offline_run):
     refresh = offline_run.by_name("labs-k8s-w01-refresh-join-material")
     join = offline_run.by_name("labs-k8s-w01-kubeadm-join")
-    assert f"exec bash ./join-worker.sh {refresh.plain_outputs['stdout']}" in join.plain_inputs["stdin"]
+    assert f"bash ./join-worker.sh {refresh.plain_outputs['stdout']}" in join.plain_inputs["stdin"]
     kubeconfig = offline_run.by_name("kubeconfig")
     assert offline_run.stack_outputs["kubeconfig"] == "[secret]"
     assert {"stdout", "stderr"} <= set(kubeconfig.additional_secret_outputs)
@@ -896,22 +897,29 @@ def test_a_rotated_host_key_is_installed_over_a_session_pinned_to_the_old_one(of
     assert install.plain_inputs["connection"]["hostKey"] == old != new
     assert host_keys.ed25519_host_key("5a" * 32).private_openssh in _bundle_texts(install.plain_inputs["stdin"])
     # Every other step on the node pins the new key, after the install.
-    for name in ("labs-k8s-w01-ready", "labs-k8s-w01-node-settings", "labs-k8s-w01-prepare", "labs-k8s-w01-kubeadm-join"):
+    for name in (
+        "labs-k8s-w01-ready",
+        "labs-k8s-w01-node-settings",
+        "labs-k8s-w01-prepare",
+        "labs-k8s-w01-kubeadm-join",
+    ):
         assert second.by_name(name).plain_inputs["connection"]["hostKey"] == new, name
         assert second.depends_on(name, "labs-k8s-w01-host-key"), name
     # The VM keeps its identity; its user-data has the new key for a future replacement.
-    assert second.by_name("labs-k8s-w01").plain_inputs["replaceTrigger"] == first.by_name(
-        "labs-k8s-w01"
-    ).plain_inputs["replaceTrigger"]
+    assert (
+        second.by_name("labs-k8s-w01").plain_inputs["replaceTrigger"]
+        == first.by_name("labs-k8s-w01").plain_inputs["replaceTrigger"]
+    )
     assert _userdata(second, "labs-k8s-w01")["ssh_keys"]["ed25519_public"] == new
     assert f"10.3.60.54 {new}" in second.stack_outputs["sshKnownHosts"]
     # The next run after the rotation pins the new key everywhere.
     third = run_program("labs", kept=_rotated(first, "labs-k8s-w01"), previous=second.previous_state())
     assert third.by_name("labs-k8s-w01-host-key").plain_inputs["connection"]["hostKey"] == new
     # Other nodes are untouched.
-    assert second.by_name("labs-k8s-w02-host-key").plain_inputs["connection"]["hostKey"] == first.by_name(
-        "labs-k8s-w02-host-key"
-    ).plain_inputs["connection"]["hostKey"]
+    assert (
+        second.by_name("labs-k8s-w02-host-key").plain_inputs["connection"]["hostKey"]
+        == first.by_name("labs-k8s-w02-host-key").plain_inputs["connection"]["hostKey"]
+    )
 
 
 def test_a_new_vm_is_reached_with_its_new_key_not_the_old_vms(offline_run):
