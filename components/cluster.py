@@ -165,7 +165,13 @@ class KubeadmCluster(pulumi.ComponentResource):
 
         self.verify = self._steps.through_vip(
             "verify-cluster",
-            steps.Script(lambda: k8s_rendering.verify_files(lab), k8s_rendering.VERIFY_ENTRYPOINT),
+            steps.Script(
+                lambda: k8s_rendering.verify_files(lab),
+                k8s_rendering.VERIFY_ENTRYPOINT,
+                # Deletes the bootstrap token once every node has joined. Its ID is the token's public
+                # half (kubeadm looks the secret up by it), so the step stays without secrets.
+                args=[pulumi.Output.unsecret(token_id.result)],
+            ),
             after=[*self.joins.values(), *self.upgrade_steps(), self.flannel],
             timeout="20m",
         )
