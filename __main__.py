@@ -28,5 +28,8 @@ pulumi.export("kubeconfig", lab.cluster.kubeconfig)
 # renewed, when an `up` runs within 30 days of this.
 pulumi.export("kubeconfigValidUntil", lab.cluster.kubeconfig_valid_until)
 pulumi.export("nodes", lab.node_table)
+# The host keys the steps pin, as known_hosts lines: every node, and `[VIP]:2222` for the control
+# planes' shared key (docs/runbook.md, "The operator's ssh").
+pulumi.export("sshKnownHosts", lab.known_hosts)
 pulumi.export("templateUuid", lab.template.uuid)
 pulumi.export("templateName", lab.template.name)

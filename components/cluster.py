@@ -68,14 +68,14 @@ class KubeadmCluster(pulumi.ComponentResource):
         ready: dict[str, pulumi.Resource],
         balancers_ready: Sequence[pulumi.Resource],
         private_key: pulumi.Input[str],
+        pins: steps.HostPins,
         previous: PreviousState | None = None,
-        node_keys: Mapping[str, pulumi.Input[str]] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("labs-k8s:k8s:KubeadmCluster", name, None, opts)
-        # The steps that carry the token or the certificate key are sealed to these (remote.RemoteSteps).
-        self._node_keys = node_keys
-        self._steps = steps.RemoteSteps(lab, private_key, self, node_keys)
+        # Every step pins its host's key (remote.RemoteSteps): the token and the certificate key go
+        # only to a host that has it.
+        self._steps = steps.RemoteSteps(lab, private_key, self, pins)
         child = pulumi.ResourceOptions(parent=self)
         self._lab = lab
         self._previous = previous or PreviousState(available=False)
@@ -165,7 +165,13 @@ class KubeadmCluster(pulumi.ComponentResource):
 
         self.verify = self._steps.through_vip(
             "verify-cluster",
-            steps.Script(lambda: k8s_rendering.verify_files(lab), k8s_rendering.VERIFY_ENTRYPOINT),
+            steps.Script(
+                lambda: k8s_rendering.verify_files(lab),
+                k8s_rendering.VERIFY_ENTRYPOINT,
+                # Deletes the bootstrap token once every node has joined. Its ID is the token's public
+                # half (kubeadm looks the secret up by it), so the step stays without secrets.
+                args=[pulumi.Output.unsecret(token_id.result)],
+            ),
             after=[*self.joins.values(), *self.upgrade_steps(), self.flannel],
             timeout="20m",
         )
@@ -181,15 +187,15 @@ class KubeadmCluster(pulumi.ComponentResource):
             # kubeadm renews admin.conf's certificate on every control plane it upgrades: a new version
             # re-exports the kubeconfig once the last control plane is done (the version trigger).
             order_after=[self.init, last_control_plane],
-            # Exported only with its proof that a control plane printed it (a forged one would send
-            # kubectl to another API server, trusting another CA).
-            proven=True,
+            # The admin credentials: a secret in the state, printed only by a host with the control
+            # planes' key (a forged one would send kubectl to another API server, trusting another CA).
+            prints_secret=True,
             rerun_with=[
                 self._previous.next_generation("kubeconfig", "kubeconfig-renewal", renew),
                 f"kubernetes:{lab.kubernetes.version}",
             ],
         )
-        self.kubeconfig = steps.proven_stdout(self.kubeconfig_step, self._node_key_of_a_control_plane())
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(self.kubeconfig_step.stdout)
         self.kubeconfig_valid_until = pulumi.Output.unsecret(
             self.kubeconfig.apply(k8s_rendering.kubeconfig_valid_until)
         )
@@ -211,12 +217,6 @@ class KubeadmCluster(pulumi.ComponentResource):
             delete_timeout="5m",
         )
         self.register_outputs({"kubeconfig": self.kubeconfig})
-
-    def _node_key_of_a_control_plane(self) -> pulumi.Input[str]:
-        """Any control plane's key opens a step through the VIP (each is one of its recipients)."""
-        if self._node_keys is None:
-            raise ValueError("the cluster needs the fleet's node keys")
-        return self._node_keys[self._lab.control_planes[0].name]
 
     def _refresh_and_join(
         self, node: Node, after: pulumi.Resource, leave: remote.Command, order_after: Sequence[pulumi.Resource] = ()
@@ -245,7 +245,6 @@ class KubeadmCluster(pulumi.ComponentResource):
             # After the previous join (one control plane at a time); its re-run is no reason to
             # refresh again: this node's own steps and join attempts are.
             order_after=[after, *order_after],
-            proven=True,
             rerun_with=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
         )
         self.refreshes[node.name] = refresh
@@ -265,8 +264,9 @@ class KubeadmCluster(pulumi.ComponentResource):
                 files,
                 entrypoint,
                 secrets=secrets,
-                # The CA hash the join pins: used only with its proof that a control plane printed it.
-                args=[steps.proven_stdout(refresh, self._node_key_of_a_control_plane()).apply(str.strip)],
+                # The CA hash the join pins, as a control plane printed it over a session pinned to
+                # the control planes' key.
+                args=[refresh.stdout.apply(str.strip)],
             ),
             after=[self.prepared[node.name], refresh, leave],
             # stdout ("joined") stays readable in the state: the next `up` tells a finished join by it.

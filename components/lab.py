@@ -30,14 +30,14 @@ class Lab(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.template = GoldenTemplate("template", lab, opts=child)
         self.fleet = NodeFleet(
-            "fleet", lab, self.template.uuid, self.template.guest_id, inputs.ssh_private_key, opts=child
+            "fleet", lab, self.template.uuid, self.template.guest_id, inputs.ssh_private_key, previous, opts=child
         )
         self.balancers = LoadBalancerPair(
             "balancers",
             lab,
             {node.name: self.fleet.ready[node.name] for node in lab.balancers},
             inputs.ssh_private_key,
-            node_keys=self.fleet.node_keys,
+            self.fleet.pins,
             opts=child,
         )
         self.cluster = KubeadmCluster(
@@ -47,10 +47,11 @@ class Lab(pulumi.ComponentResource):
             {node.name: self.fleet.ready[node.name] for node in lab.kubernetes_nodes},
             list(self.balancers.setups.values()),
             inputs.ssh_private_key,
+            self.fleet.pins,
             previous,
-            node_keys=self.fleet.node_keys,
             opts=child,
         )
         self.api_endpoint = self.balancers.endpoint
+        self.known_hosts = self.fleet.known_hosts
         self.node_table = [{"name": node.name, "role": node.role.value, "ip": str(node.ip)} for node in lab.all_nodes]
         self.register_outputs({"apiEndpoint": self.api_endpoint})

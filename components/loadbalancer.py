@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pulumi
 import pulumi_random as random
 from pulumi_command import remote
@@ -27,7 +25,7 @@ class LoadBalancerPair(pulumi.ComponentResource):
         lab: LabConfig,
         ready: dict[str, pulumi.Resource],
         private_key: pulumi.Input[str],
-        node_keys: Mapping[str, pulumi.Input[str]] | None = None,
+        pins: steps.HostPins,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("labs-k8s:lb:LoadBalancerPair", name, None, opts)
@@ -39,7 +37,7 @@ class LoadBalancerPair(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.setups = {}
-        remote_steps = steps.RemoteSteps(lab, private_key, self, node_keys)
+        remote_steps = steps.RemoteSteps(lab, private_key, self, pins)
         for balancer in lab.balancers:
             self.setups[balancer.name] = remote_steps.on_node(
                 f"{balancer.name}-lb-setup",

@@ -3,22 +3,31 @@
 Every step is a bundle (files + entrypoint, see rendering.step_bundle) fed on stdin to
 `sudo bash -s`, so the command line never carries file contents or secrets. Steps connect to
 the node's configured static IP, never to what vCenter reports (pulumi/pulumi-vsphere#182).
+
+Every connection pins the host key it expects (`hostKey`; pulumi-command 1.2.1
+provider/pkg/provider/remote/connection.go `SSHConfig`: `ssh.FixedHostKey`, offering only that
+key's algorithm; without one it would take any key, `ssh.InsecureIgnoreHostKey`): a node step the
+node's Ed25519 key, a step through the VIP the control planes' shared ECDSA key
+(rendering/host_keys.py). The handshake fails before any stdin (and so any secret) is sent to a
+host without the key, and an answer is used only from a host that has it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 import shlex
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 from pulumi_command import remote
 
 from components.config import LabConfig, Node
-from components.rendering import content_hash, sealed, step_bundle
+from components.rendering import content_hash, step_bundle
+from components.rendering.host_keys import HostKey
 from components.rendering.lb import CONTROL_PLANE_SSH_PORT
 
 # pulumi-command dials up to `dialErrorLimit` times; each attempt is bounded by `perDialTimeout`
@@ -98,13 +107,40 @@ def dial_budget_seconds(attempts: int) -> int:
     return attempts * (PER_DIAL_TIMEOUT_SECONDS + RETRY_DELAY_MAX_SECONDS)
 
 
+@dataclass(frozen=True)
+class HostPins:
+    """What the remote steps trust: the public host key of each node (name -> "ssh-ed25519 ..."),
+    the control planes' shared key on the VIP's SSH port ("ecdsa-sha2-nistp256 ..."), and the key
+    of the triggers' HMAC (a stack secret, `trigger_digest`). Made by the fleet (fleet.py)."""
+
+    nodes: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+    cluster: pulumi.Input[str] = ""
+    trigger_key: pulumi.Input[str] = ""
+
+
+def trigger_digest(key: str, bundle: str) -> str:
+    """What stands for a bundle with secrets in `triggers`: an HMAC-SHA256 keyed by a 256-bit stack
+    secret, kept unsecret. Not the bundle's plain hash: a hash of low-entropy secrets (the 8
+    characters of a VRRP password) is an offline oracle for them; without the key this one tells
+    nothing. Unsecret, because pulumi-command 1.2.1 answers a secret trigger that is still unknown
+    in a preview as a secret without a value, which the CLI (v3.274.1) refuses: `triggers[0]:
+    malformed secret: missing value` (issue #29). Unknown in a preview is fine; secret is not."""
+    return hmac.new(key.encode(), bundle.encode(), hashlib.sha256).hexdigest()[:32]
+
+
 def connection(
-    lab: LabConfig, node: Node, private_key: pulumi.Input[str], dial_attempts: int = STEP_DIAL_ATTEMPTS
+    lab: LabConfig,
+    node: Node,
+    private_key: pulumi.Input[str],
+    host_key: pulumi.Input[str],
+    dial_attempts: int = STEP_DIAL_ATTEMPTS,
 ) -> remote.ConnectionArgs:
+    """SSH to `node`'s address, accepting only `host_key` (its Ed25519 key)."""
     return remote.ConnectionArgs(
         host=str(node.ip),
         user=lab.ssh.user,
         private_key=private_key,
+        host_key=host_key,
         dial_error_limit=dial_attempts,
         per_dial_timeout=PER_DIAL_TIMEOUT_SECONDS,
     )
@@ -124,19 +160,22 @@ def command(resource_name: str, *, opts: pulumi.ResourceOptions, **args: Any) ->
 
 
 def cluster_connection(
-    lab: LabConfig, private_key: pulumi.Input[str], dial_attempts: int = STEP_DIAL_ATTEMPTS
+    lab: LabConfig,
+    private_key: pulumi.Input[str],
+    host_key: pulumi.Input[str],
+    dial_attempts: int = STEP_DIAL_ATTEMPTS,
 ) -> remote.ConnectionArgs:
     """SSH to whichever control plane is healthy: the VIP's CONTROL_PLANE_SSH_PORT, which HAProxy
     forwards to port 22 of the first control plane (config order) whose apiserver passes its
     health check. Cluster-wide steps use it, so no single control plane is needed for them.
-    pulumi-command does not pin host keys (ssh.InsecureIgnoreHostKey), so landing on another
-    control plane than last time is not an error; a step with a secret is sealed to every control
-    plane's node key instead (RemoteSteps), so only a real control plane can run it."""
+    `host_key` is the ECDSA key every control plane presents (and only they have): landing on
+    another control plane than last time is no error, landing on anything else is."""
     return remote.ConnectionArgs(
         host=str(lab.load_balancer.vip),
         port=CONTROL_PLANE_SSH_PORT,
         user=lab.ssh.user,
         private_key=private_key,
+        host_key=host_key,
         dial_error_limit=dial_attempts,
         per_dial_timeout=PER_DIAL_TIMEOUT_SECONDS,
     )
@@ -150,7 +189,7 @@ class Script:
 
     files: Callable[..., dict[str, str]]
     entrypoint: str
-    secrets: Sequence[pulumi.Input[str]] = ()
+    secrets: Sequence[pulumi.Input[Any]] = ()
     args: Sequence[pulumi.Input[str]] = ()
 
 
@@ -159,6 +198,7 @@ class RemoteSteps:
     uses; all of them register through `_register`, so no call site can combine options into a step
     that no kind describes.
 
+    - `host_key`: the first step on a new VM: its pinned host keys in place, a rotation installed.
     - `on_node`: converges one machine; re-runs when its bundle or that machine's earlier steps or VM
       change (a replaced VM re-runs every step on it, in order).
     - `through_vip`: the same, on whichever control plane is healthy (cluster_connection).
@@ -167,24 +207,17 @@ class RemoteSteps:
     - `upgrade`: re-runs when its own bundle (the version is in it) changes, never because something
       before it was replaced: a new or replaced node is at the version already.
 
-    A step with secrets, or one whose answer must be proven, is sealed (rendering/sealed.py) to the
-    `node_keys` of the hosts meant to run it: its node, or every control plane for a step through the
-    VIP. pulumi-command checks no host key, so whatever host answers for the address gets the stdin;
-    only the VM holds its key. Such a step also has its stdout and stderr secret and its logging off
-    (pulumi/pulumi-command#134, #260).
+    Every step's connection pins a host key (`pins`): its node's, or the control planes' shared key
+    for a step through the VIP. A step with secrets, or one that prints one (`prints_secret`), has
+    its stdout and stderr secret and its logging off (pulumi/pulumi-command#134, #260); its secrets
+    travel in its stdin over the authenticated session.
     """
 
-    def __init__(
-        self,
-        lab: LabConfig,
-        private_key: pulumi.Input[str],
-        parent: pulumi.Resource,
-        node_keys: Mapping[str, pulumi.Input[str]] | None = None,
-    ) -> None:
+    def __init__(self, lab: LabConfig, private_key: pulumi.Input[str], parent: pulumi.Resource, pins: HostPins) -> None:
         self._lab = lab
         self._private_key = private_key
         self._parent = parent
-        self._node_keys = node_keys
+        self._pins = pins
 
     def on_node(
         self,
@@ -216,6 +249,27 @@ class RemoteSteps:
             )
         )
 
+    def host_key(
+        self, name: str, node: Node, script: Script, *, after: Sequence[pulumi.Resource], presented: pulumi.Input[str]
+    ) -> remote.Command:
+        """The first step after a clone's boot, which makes `node` present its pinned host keys (the
+        script gets them as secrets). It pins `presented`, the key the node has before it runs: the
+        same key on a new VM, the old one when a running VM's key is rotated (fleet.rotation_pin).
+        Its stdout (the public key it left in place) stays readable: the next rotation pins it."""
+        boot = dial_budget_seconds(BOOT_DIAL_ATTEMPTS)
+        return self._register(
+            _Step(
+                name,
+                script,
+                node=node,
+                depends_on=after,
+                timeout=f"{boot // 60 + 5}m",
+                dial_attempts=BOOT_DIAL_ATTEMPTS,
+                readable_stdout=True,
+                host_key=presented,
+            )
+        )
+
     def through_vip(
         self,
         name: str,
@@ -224,13 +278,12 @@ class RemoteSteps:
         after: Sequence[pulumi.Resource] = (),
         order_after: Sequence[pulumi.Resource] = (),
         timeout: str = "30m",
-        proven: bool = False,
+        prints_secret: bool = False,
         rerun_with: Sequence[pulumi.Input[str]] = (),
     ) -> remote.Command:
-        """A cluster-wide step, on whichever control plane is healthy. `proven`: sealed even without a
-        secret, and its answer carries a proof that such a host gave it (read it with `proven_stdout`,
-        never `.stdout`). `rerun_with`: re-run reasons beyond its content and `after` (a join retried,
-        a kubeconfig renewal)."""
+        """A cluster-wide step, on whichever control plane is healthy. `prints_secret`: its stdout is
+        a secret (the admin kubeconfig) even without a secret in its bundle. `rerun_with`: re-run
+        reasons beyond its content and `after` (a join retried, a kubeconfig renewal)."""
         return self._register(
             _Step(
                 name,
@@ -239,7 +292,7 @@ class RemoteSteps:
                 depends_on=after,
                 order_after=order_after,
                 timeout=timeout,
-                proven=proven,
+                prints_secret=prints_secret,
                 rerun_with=rerun_with,
             )
         )
@@ -288,40 +341,36 @@ class RemoteSteps:
         )
 
     def _register(self, step: _Step) -> remote.Command:
-        """Register one remote step. The content hash of the bundle is the trigger: a changed script or
+        """Register one remote step. A digest of the bundle is the trigger: a changed script or
         config re-runs the (idempotent) step."""
         lab, script, resource_name = self._lab, step.script, step.name
         secrets, args = script.secrets, script.args
-        handles_secrets = bool(secrets) or step.proven
-        recipients: list[str] = []
-        if secrets or step.proven:
-            if self._node_keys is None:
-                raise ValueError(f"{resource_name}: a sealed step needs the node keys to seal it to")
-            recipients = [step.node.name] if step.node is not None else [cp.name for cp in lab.control_planes]
-        key_values = [self._node_keys[name] for name in recipients] if self._node_keys is not None else []
+        handles_secrets = bool(secrets) or step.prints_secret
 
         def bundle(values: Sequence[Any]) -> str:
             secret_values = values[: len(secrets)]
-            arg_values = tuple(str(v) for v in values[len(secrets) : len(secrets) + len(args)])
-            plain = step_bundle(resource_name, script.files(*secret_values), script.entrypoint, arg_values)
-            if not recipients:
-                return plain
-            keys = values[len(secrets) + len(args) :]
-            return sealed.seal(
-                resource_name, plain, dict(zip(recipients, (str(k) for k in keys), strict=True)), prove=step.proven
-            )
+            arg_values = tuple(str(v) for v in values[len(secrets) :])
+            files = script.files(*secret_values)
+            # Every file that holds one of the secrets leaves the step directory when the step ends.
+            texts = [t for v in secret_values for t in _secret_texts(v)]
+            holding = [name for name, text in files.items() if any(t in text for t in texts)]
+            return step_bundle(resource_name, files, script.entrypoint, arg_values, secret_files=holding)
 
         stdin: pulumi.Input[str]
         stdin_hash: pulumi.Input[str]
-        if not recipients and all(isinstance(a, str) for a in args):
-            # Known now: no Output machinery (it dominates evaluation time for large labs).
+        if not secrets and all(isinstance(a, str) for a in args):
+            # Known now: no Output machinery (it dominates evaluation time for large labs). No secret
+            # in it, so its plain hash tells nothing that its stdin in the state does not.
             stdin = bundle(list(args))
             stdin_hash = content_hash(stdin)
         else:
-            stdin = pulumi.Output.all(*secrets, *args, *key_values).apply(bundle)
-            if recipients:
+            stdin = pulumi.Output.all(*secrets, *args).apply(bundle)
+            if secrets:
                 stdin = pulumi.Output.secret(stdin)
-            stdin_hash = stdin.apply(content_hash)
+            # Never a secret in `triggers` (trigger_digest says why): the HMAC, unsecret.
+            stdin_hash = pulumi.Output.unsecret(
+                pulumi.Output.all(self._pins.trigger_key, stdin).apply(lambda kv: trigger_digest(str(kv[0]), kv[1]))
+            )
         # The identities of this machine's earlier steps and VM (`depends_on`, never `order_after`) are
         # part of the trigger: a replaced VM re-runs every step on it, in order (each step is guarded,
         # so re-running a done step is a no-op). Another machine's steps only order (`order_after`).
@@ -359,9 +408,10 @@ class RemoteSteps:
         if step.delete_args is not None:
             delete = bounded_run(resource_name, step_deadline_seconds(step.delete_timeout, dials), step.delete_args)
         if step.node is None:
-            target = cluster_connection(lab, self._private_key, dials)
+            target = cluster_connection(lab, self._private_key, self._pins.cluster, dials)
         else:
-            target = connection(lab, step.node, self._private_key, dials)
+            pin = step.host_key if step.host_key is not None else self._pins.nodes[step.node.name]
+            target = connection(lab, step.node, self._private_key, pin, dials)
         command_resource = command(
             resource_name,
             connection=target,
@@ -372,10 +422,15 @@ class RemoteSteps:
             logging=remote.Logging.NONE if handles_secrets else remote.Logging.STDOUT_AND_STDERR,
             opts=options,
         )
-        # What was sent, for proven_stdout: the proof is checked against this bundle, not against the
-        # provider's echo of it.
-        _SENT[command_resource] = stdin
         return command_resource
+
+
+def _secret_texts(value: Any) -> list[str]:
+    """The text by which a secret value shows in a file: a host key by its private key."""
+    if isinstance(value, HostKey):
+        return [value.private_openssh]
+    text = str(value)
+    return [text] if text else []
 
 
 @dataclass(frozen=True)
@@ -390,7 +445,8 @@ class _Step:
     order_after: Sequence[pulumi.Resource] = ()
     dial_attempts: int = STEP_DIAL_ATTEMPTS
     readable_stdout: bool = False
-    proven: bool = False
+    host_key: pulumi.Input[str] | None = None
+    prints_secret: bool = False
     rerun_with: Sequence[pulumi.Input[Any]] = ()
     upstream_triggers: bool = True
     rerun_on_change: bool = True
@@ -399,18 +455,3 @@ class _Step:
     triggers: Sequence[pulumi.Input[Any]] | None = None
     delete_before_replace: bool = False
     delete_timeout: str = DELETE_TIMEOUT
-
-
-_SENT: weakref.WeakKeyDictionary[remote.Command, pulumi.Input[str]] = weakref.WeakKeyDictionary()
-
-
-def proven_stdout(step: remote.Command, node_key: pulumi.Input[str]) -> pulumi.Output[str]:
-    """The answer of a `proven` step (RemoteSteps.through_vip), once its proof line checks out against `node_key` (any
-    one of its recipients'); the deployment stops with the step's name and the reason otherwise,
-    before anything uses the answer (a join pinning a forged CA hash, a forged kubeconfig exported)."""
-
-    def verify(values: list[Any]) -> str:
-        stdin, stdout, key = values
-        return sealed.verified_answer(step._name, str(stdin), str(key), str(stdout))
-
-    return pulumi.Output.secret(pulumi.Output.all(_SENT[step], step.stdout, node_key).apply(verify))

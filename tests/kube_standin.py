@@ -1015,6 +1015,13 @@ class Kubeadm:
             for token in init.get("bootstrapTokens", []):
                 self.update_or_create_token(token, fail_if_exists=True)
                 print(token["token"])
+        elif verb == "delete":
+            # kubeadm token delete <id>: deletes the token's Secret, or fails when there is none.
+            self.require_api("token delete")
+            key = f"secret/kube-system/bootstrap-token-{self.args[2]}"
+            if self.c.s["objects"].pop(key, None) is None:
+                raise Fail(f"bootstrap token {self.args[2]!r} not found")
+            print(f"bootstrap token {self.args[2]!r} deleted")
         else:
             raise Fail(f"unmodelled: kubeadm token {verb}")
 

@@ -336,6 +336,7 @@ SHAPE_GROUPS = {
     "CS": r".*-clone-source",
     "VM": r"labs-k8s-(lb|m|w)\d+",
     "AA": r".*-anti-affinity",
+    "HK": r".*-host-key",
     "R": r".*-ready",
     "NS": r".*-node-settings",
     "LB": r".*-lb-setup",
@@ -365,13 +366,15 @@ SHAPE_GROUPS = {
     "KC": r"kubeconfig",
     "V": r"verify-cluster",
 }
-# The generated secrets: each node's key (rendering/sealed.py) too.
+# The generated secrets: the host key seeds (rendering/host_keys.py) and the triggers' HMAC key too.
 NOT_DRAWN = {
     "bootstrap-token-id",
     "bootstrap-token-secret",
     "certificate-key",
     "vrrp-password",
-    *(f"labs-k8s-{n}-node-key" for n in ("lb01", "lb02", "m01", "m02", "m03", "w01", "w02")),
+    "step-trigger-key",
+    "control-plane-host-key-seed",
+    *(f"labs-k8s-{n}-host-key-seed" for n in ("lb01", "lb02", "m01", "m02", "m03", "w01", "w02")),
 }
 
 

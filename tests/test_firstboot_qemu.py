@@ -20,6 +20,7 @@ run (tests/test_template_render.py and tests/test_iso.py cover its inputs) and G
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import re
 import subprocess
@@ -27,11 +28,11 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 
 from components.config import Role
 from components.fleet import READINESS_TIMEOUT_SECONDS
 from components.rendering.node import DATA_DISK_BY_PATH, DATA_DISKS, guestinfo_extra_config, node_mac
-from components.rendering.sealed import NODE_KEY_GUESTINFO
 from components.tools.offline import run_program
 from tests.firstboot import (
     CACHE_DIR,
@@ -185,6 +186,17 @@ def firstboot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     image_seconds = time.monotonic() - started
 
     observed: dict[str, Any] = {"cfg": cfg, "image": image, "nodes": nodes, "clones": {}}
+    # What the program pins for each clone: key type -> base64, from its user-data's `ssh_keys`.
+    observed["pinned_host_keys"] = {
+        node.name: dict(
+            value.split()[:2]
+            for key, value in yaml.safe_load(
+                base64.b64decode(_registered(program, node.name)["extraConfig"]["guestinfo.userdata"]).decode()
+            )["ssh_keys"].items()
+            if key.endswith("_public")
+        )
+        for node in nodes
+    }
     timings: dict[str, Any] = {
         "image_seconds": round(image_seconds, 1),
         "image_built_now": image.built_now,
@@ -194,11 +206,8 @@ def firstboot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with clone_lab(cfg, image, workdir, cfg.ssh.user, private_key) as lab:
         for node in nodes:
             vm = _registered(program, node.name)
-            # Not the node key: the sealed steps read it through vmware-rpctool, which needs VMware's
-            # backdoor (not here), and cloud-init's environment transport has no use for it.
-            extra_config = {
-                k: v for k, v in vm["extraConfig"].items() if k.startswith("guestinfo.") and k != NODE_KEY_GUESTINFO
-            }
+            # The user-data carries the program's host keys (docs/cluster.md, "Host identity").
+            extra_config = {k: v for k, v in vm["extraConfig"].items() if k.startswith("guestinfo.")}
             (nic,) = vm["networkInterfaces"]
             mac = nic["macAddress"]
             assert nic["useStaticMac"] is True and mac == node_mac(node)
@@ -341,15 +350,17 @@ def test_machine_id_is_new_and_differs_between_clones(firstboot):
     assert len(set(ids.values())) == len(ids), ids
 
 
-def test_ssh_host_keys_are_regenerated_and_differ_between_clones(firstboot):
+def test_ssh_host_keys_are_exactly_the_pinned_ones_and_differ_between_clones(firstboot):
+    """cloud-init writes the program's keys (user-data `ssh_keys`) and sshd presents only them: the
+    Ed25519 key every node step pins, and on a control plane the VIP's ECDSA key besides; never a
+    key of the template, never RSA (docs/cluster.md, "Host identity")."""
     template_keys = firstboot["image"].facts["before_seal"]["host_keys"]
     assert set(template_keys) == {"ssh-rsa", "ecdsa-sha2-nistp256", "ssh-ed25519"}
     keys = {name: firstboot["clones"][name]["host_keys"] for name in _names(firstboot)}
     for name, presented in keys.items():
-        assert set(presented) == set(template_keys), f"{name}: {sorted(presented)}"
+        pinned = firstboot["pinned_host_keys"][name]
+        assert presented == pinned, f"{name}: presents {sorted(presented)}, pinned {sorted(pinned)}"
         assert not set(presented.values()) & set(template_keys.values()), f"{name} presents a template key"
-        files = _guest(firstboot, name)["host_key_files"]
-        assert {f"ssh_host_{kind}_key" for kind in ("rsa", "ecdsa", "ed25519")} <= set(files)
     first, second = keys.values()
     assert not set(first.values()) & set(second.values()), "two clones present the same host key"
 

@@ -851,3 +851,25 @@ def spki_sha256(pem: str) -> str:
     header, length = _der_header(der, position)  # subjectPublicKeyInfo
     assert re.fullmatch(r"[0-9a-f]*", der[position : position + 1].hex())
     return "sha256:" + hashlib.sha256(der[position : position + header + length]).hexdigest()
+
+
+# ------------------------------------------------------------------ the bootstrap token after the joins (issue #30, 5)
+
+
+def test_verify_deletes_the_bootstrap_token_once_every_node_joined_and_a_later_join_gets_it_back(up: Scenario) -> None:
+    """The token lets whoever has it join a node: with no join pending, verify-cluster.sh deletes it
+    (`kubeadm token delete`); a node that joins later gets it back from its refresh step."""
+    token_id = TEST_TOKEN.split(".")[0]
+    token = f"secret/kube-system/bootstrap-token-{token_id}"
+    assert token in up.lab.objects()
+    files = k8s.verify_files(up.cfg)
+    first = ok(up.cluster_step(files, k8s.VERIFY_ENTRYPOINT, token_id))
+    assert first.stdout == "cluster-ok\n" and f"deleted bootstrap token {token_id}" in first.stderr
+    assert token not in up.lab.objects()
+    again = ok(up.cluster_step(files, k8s.VERIFY_ENTRYPOINT, token_id))  # nothing left to delete
+    assert again.stdout == "cluster-ok\n" and "deleted bootstrap token" not in again.stderr
+    up.lab.replace_vm("labs-k8s-w02")
+    ok(up.leave(up.node("labs-k8s-w02")))
+    assert ok(up.refresh_and_join("labs-k8s-w02")).stdout == "joined\n"
+    refused = failed(up.cluster_step(files, k8s.VERIFY_ENTRYPOINT, "NOT-AN-ID"))
+    assert "is no bootstrap token ID" in refused.stderr

@@ -14,9 +14,11 @@ import re
 import pulumi
 import pytest
 import yaml
+from google.protobuf import json_format
+from pulumi.runtime import rpc
 
 from components import remote as remote_steps
-from components.rendering import sealed
+from components.rendering import host_keys
 from components.tools.offline import RecordingMonitor, run_program
 
 VM = "vsphere:index/virtualMachine:VirtualMachine"
@@ -69,8 +71,8 @@ def test_every_resource_is_parented_to_its_component(offline_run):
             assert offline_run.parent_name(reg.name) in component_names - {"labs-k8s"}, reg.name
     by_parent = {
         "template": {"pulumi-python:dynamic:Resource"},
-        # The random resource: each node's key (rendering/sealed.py).
-        "fleet": {VM, RULE, COMMAND, "pulumi-python:dynamic:Resource", "random:index/randomPassword:RandomPassword"},
+        # The random resources: the host key seeds and the triggers' HMAC key (rendering/host_keys.py).
+        "fleet": {VM, RULE, COMMAND, "pulumi-python:dynamic:Resource", "random:index/randomId:RandomId"},
         "balancers": {COMMAND, "random:index/randomPassword:RandomPassword"},
     }
     for parent, types in by_parent.items():
@@ -333,7 +335,8 @@ def test_adding_a_worker_leaves_the_others_untouched(offline_run, run_with, lab_
         "labs-k8s-w03-leave-cluster",
         "labs-k8s-w03-clone-source",
         "labs-k8s-w03-node-settings",
-        "labs-k8s-w03-node-key",
+        "labs-k8s-w03-host-key-seed",
+        "labs-k8s-w03-host-key",
         # Its upgrade steps (no-ops: it is prepared at the configured version).
         "labs-k8s-w03-upgrade-drain",
         "labs-k8s-w03-upgrade",
@@ -379,11 +382,15 @@ def test_every_command_on_a_vm_depends_on_that_vms_readiness(offline_run):
             assert host_of(reg) == NODES[vm_name]  # the configured static IP, not a vCenter report
             assert offline_run.depends_on(reg.name, vm_name)
             ready_by_host[host_of(reg)] = reg.name
+            # After the step that puts the pinned host key in place.
+            assert offline_run.depends_on(reg.name, f"{vm_name}-host-key")
     assert len(ready_by_host) == 7
     for reg in offline_run.of_type(COMMAND):
         if endpoint_of(reg) == CLUSTER_ENDPOINT:
             # Cluster-wide: reached through the VIP once the cluster exists.
             assert offline_run.depends_on(reg.name, "labs-k8s-m01-kubeadm-init"), reg.name
+        elif reg.name.endswith("-host-key"):
+            assert offline_run.depends_on(reg.name, reg.name.removesuffix("-host-key")), reg.name
         elif not reg.name.endswith("-ready"):
             assert offline_run.depends_on(reg.name, ready_by_host[host_of(reg)]), reg.name
 
@@ -404,7 +411,7 @@ def test_commands_connect_to_static_ips_with_bounded_dials(offline_run):
         assert "connection" in reg.secret_input_keys  # the private key is inside
         attempts, per_dial = connection["dialErrorLimit"], connection["perDialTimeout"]
         assert 0 < per_dial <= 15, reg.name
-        if reg.name.endswith("-ready"):  # a clone's first boot
+        if reg.name.endswith(("-host-key", "-ready")):  # a clone's first boot
             assert attempts == remote_steps.BOOT_DIAL_ATTEMPTS
         else:
             assert 0 < attempts <= remote_steps.STEP_DIAL_ATTEMPTS, reg.name
@@ -543,6 +550,7 @@ def test_no_single_management_node(offline_run):
     on_m01 = {r.name for r in offline_run.of_type(COMMAND) if host_of(r) == NODES["labs-k8s-m01"]}
     # The upgrade of m01 itself is m01's, as every node's own upgrade is its own.
     assert on_m01 == {
+        "labs-k8s-m01-host-key",
         "labs-k8s-m01-ready",
         "labs-k8s-m01-node-settings",
         "labs-k8s-m01-prepare",
@@ -625,6 +633,56 @@ def test_preview_registers_the_same_graph(offline_run):
     preview = run_program("labs", preview=True)
     assert {r.name for r in preview.registrations.values()} == {r.name for r in offline_run.registrations.values()}
     assert preview.depends_on("labs-k8s-m03-kubeadm-join", "labs-k8s-m02-kubeadm-join")
+
+
+def _secret_unknowns(value) -> list:
+    """Where the wire form holds a secret whose value is unknown (the SDK's {sig: secret, value:
+    UNKNOWN}, rpc.serialize_property): pulumi-command echoes it back as a secret without a value."""
+    if isinstance(value, dict):
+        if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
+            return [value] if value.get("value") == rpc.UNKNOWN or _has_unknown(value.get("value")) else []
+        return [found for v in value.values() for found in _secret_unknowns(v)]
+    if isinstance(value, list):
+        return [found for v in value for found in _secret_unknowns(v)]
+    return []
+
+
+def _has_unknown(value) -> bool:
+    if isinstance(value, dict):
+        return any(_has_unknown(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_unknown(v) for v in value)
+    return value == rpc.UNKNOWN
+
+
+def test_a_new_stacks_preview_sends_no_secret_unknown_in_any_trigger():
+    """Issue #29: on the real engine a new stack's preview failed on labs-k8s-lb01-lb-setup with
+    `triggers[0]: malformed secret: missing value`: pulumi-command 1.2.1 answers a secret trigger
+    still unknown in a preview as a secret without a value, and CLI v3.274.1 refuses it. Under a new
+    stack's preview (no provider output known), no Command's triggers may hold one."""
+    run = run_program("labs", preview=True, unknown_outputs=True)
+    commands = run.of_type(COMMAND)
+    assert len(commands) > 40
+    unknown_triggers = 0
+    for reg in commands:
+        triggers = json_format.MessageToDict(reg.wire_inputs).get("triggers") or []
+        assert not _secret_unknowns(triggers), f"{reg.name}: a secret unknown in its triggers {triggers}"
+        unknown_triggers += _has_unknown(triggers)
+    # The mock really previews a new stack: the steps with secrets have triggers still unknown.
+    assert unknown_triggers >= 2 + 1 + 5 + 5 + 7, unknown_triggers
+    assert _has_unknown(json_format.MessageToDict(run.by_name("labs-k8s-lb01-lb-setup").wire_inputs)["triggers"])
+
+
+def test_a_trigger_of_a_bundle_with_secrets_is_an_hmac_that_is_no_secret(offline_run):
+    """Known runs: the trigger stands for the bundle (a changed secret re-runs the step) without
+    being a secret, nor an offline oracle for one (remote.trigger_digest)."""
+    key = offline_run.by_name("step-trigger-key").plain_outputs["hex"]
+    setup = offline_run.by_name("labs-k8s-lb01-lb-setup")
+    digest = setup.plain_inputs["triggers"][0]
+    assert digest == remote_steps.trigger_digest(key, setup.plain_inputs["stdin"])
+    assert setup.inputs["triggers"][0] == digest  # not "[secret]"
+    password = offline_run.by_name("vrrp-password").plain_outputs["result"]
+    assert digest not in {remote_steps.content_hash(setup.plain_inputs["stdin"]), password}
 
 
 # --------------------------------------------------------------------------- provider timeouts (issue 23)
@@ -715,93 +773,173 @@ def _secret_values(run) -> dict[str, str]:
     return out
 
 
-def _node_key(run, node: str) -> str:
-    return run.by_name(f"{node}-node-key").plain_outputs["result"]
+def _userdata(run, node: str) -> dict:
+    vm = run.by_name(node)
+    return yaml.safe_load(base64.b64decode(vm.plain_inputs["extraConfig"]["guestinfo.userdata"]).decode())
 
 
-def test_each_vm_gets_its_own_node_key_only_through_vcenter(offline_run):
-    """The node key reaches the VM in its extraConfig (vCenter's API), a secret in the state."""
-    keys = set()
+def _seed(run, name: str) -> str:
+    return run.by_name(name).plain_outputs["hex"]
+
+
+def test_each_vm_gets_its_own_host_key_only_through_vcenter_and_never_in_its_identity(offline_run):
+    """Each VM's Ed25519 key (and on a control plane the shared VIP key) comes from a seed kept as a
+    secret in the state, reaches the VM in its user-data (vCenter's API), and is no part of the VM's
+    identity: its instance-id and replace trigger name no key, so a rotation replaces no VM."""
+    cluster_key = host_keys.ecdsa_host_key(_seed(offline_run, "control-plane-host-key-seed"))
+    publics = set()
     for node in NODES:
         vm = offline_run.by_name(node)
-        assert vm.inputs["extraConfig"][sealed.NODE_KEY_GUESTINFO] == "[secret]"
-        assert vm.plain_inputs["extraConfig"][sealed.NODE_KEY_GUESTINFO] == _node_key(offline_run, node)
-        key = offline_run.by_name(f"{node}-node-key")
-        assert key.plain_inputs["length"] == sealed.NODE_KEY_LENGTH and key.plain_inputs["special"] is False
-        keys.add(_node_key(offline_run, node))
-        # Never part of the VM's identity: adding or changing it replaces no VM.
-        assert _node_key(offline_run, node) not in str(vm.plain_inputs["replaceTrigger"])
-    assert len(keys) == len(NODES)
+        assert vm.inputs["extraConfig"]["guestinfo.userdata"] == "[secret]"
+        seed = offline_run.by_name(f"{node}-host-key-seed")
+        assert seed.type == "random:index/randomId:RandomId" and seed.plain_inputs["byteLength"] == 32
+        assert set(seed.additional_secret_outputs) == {"hex", "b64Std", "b64Url", "dec"}
+        # A new VM (new identity or clone source) is a new key.
+        assert seed.plain_inputs["keepers"] == {"vm": vm.plain_inputs["replaceTrigger"]}
+        key = host_keys.ed25519_host_key(_seed(offline_run, f"{node}-host-key-seed"))
+        expected = {"ed25519_private": key.private_openssh, "ed25519_public": key.public_openssh}
+        if "-m0" in node:
+            expected |= {"ecdsa_private": cluster_key.private_openssh, "ecdsa_public": cluster_key.public_openssh}
+        userdata = _userdata(offline_run, node)
+        assert userdata["ssh_keys"] == expected and userdata["ssh_deletekeys"] is True
+        assert "ssh_genkeytypes" not in userdata  # nothing else: sshd presents exactly these
+        (drop_in,) = userdata["write_files"]
+        assert drop_in["content"] == "".join(
+            f"HostKey /etc/ssh/ssh_host_{kind}_key\n"
+            for kind in (["ed25519", "ecdsa"] if "-m0" in node else ["ed25519"])
+        )
+        metadata = base64.b64decode(vm.plain_inputs["extraConfig"]["guestinfo.metadata"]).decode()
+        for text in (metadata, vm.plain_inputs["replaceTrigger"]):
+            assert key.public_openssh.split()[1] not in text and "PRIVATE" not in text
+        publics.add(key.public_openssh)
+    assert len(publics) == len(NODES)
 
 
-def test_steps_with_secrets_are_sealed_to_the_hosts_meant_to_run_them(offline_run):
-    """pulumi-command accepts any host key (ssh.InsecureIgnoreHostKey): whatever answers for the
-    address gets the stdin. So no secret is in it in the clear: only the VM's node key opens it."""
+def test_every_remote_command_pins_the_host_key_its_host_was_given(offline_run):
+    """pulumi-command takes any host key when `hostKey` is unset (ssh.InsecureIgnoreHostKey,
+    connection.go SSHConfig): every connection sets it, to the key the VM got in its user-data; a
+    step through the VIP pins the key only the control planes have."""
+    cluster_public = host_keys.ecdsa_host_key(_seed(offline_run, "control-plane-host-key-seed")).public_openssh
+    by_ip = {ip: name for name, ip in NODES.items()}
+    commands = offline_run.of_type(COMMAND)
+    assert commands
+    for reg in commands:
+        connection = reg.plain_inputs["connection"]
+        assert connection.get("hostKey"), f"{reg.name}: a connection without hostKey accepts any host"
+        if endpoint_of(reg) == CLUSTER_ENDPOINT:
+            assert connection["hostKey"] == cluster_public, reg.name
+        else:
+            node = by_ip[connection["host"]]
+            assert connection["hostKey"] == _userdata(offline_run, node)["ssh_keys"]["ed25519_public"], reg.name
+        # Pins are public keys: readable in the state, diffable in a preview.
+        assert "hostKey" not in str(reg.inputs.get("connection", "")) or reg.inputs["connection"] != "[secret]"
+
+
+def test_the_operators_known_hosts_is_a_stack_output(offline_run):
+    lines = offline_run.stack_outputs["sshKnownHosts"].splitlines()
+    pins = {
+        endpoint_of(reg): reg.plain_inputs["connection"]["hostKey"]
+        for reg in offline_run.of_type(COMMAND)
+        if not reg.name.endswith("-host-key")
+    }
+    expected = {f"{host} {key}" if port == 22 else f"[{host}]:{port} {key}" for (host, port), key in pins.items()}
+    assert set(lines) == expected and len(lines) == len(NODES) + 1
+    assert "[10.3.60.100]:2222 ecdsa-sha2-nistp256 " in offline_run.stack_outputs["sshKnownHosts"]
+
+
+def test_secrets_travel_only_in_a_secret_stdin_with_the_logs_off(offline_run):
+    """The token, the certificate key, the VRRP password and the host keys go in the stdin of the
+    steps that need them, over the pinned session; never on a command line, in triggers or in logs."""
     secrets = _secret_values(offline_run)
-    control_planes = [n for n in NODES if "-m0" in n]
-    sealed_steps = 0
+    # The token's ID is its public half (kubeadm looks the secret up by it): verify-cluster has it.
+    del secrets["bootstrap-token-id"]
+    for node in NODES:
+        secrets[f"{node} host key"] = host_keys.ed25519_host_key(
+            _seed(offline_run, f"{node}-host-key-seed")
+        ).private_openssh.splitlines()[2]
+    carrying = set()
     for reg in offline_run.of_type(COMMAND):
-        stdin = reg.plain_inputs["stdin"]
-        texts = _bundle_texts(stdin)
-        for name, value in secrets.items():
-            assert value not in texts, f"{reg.name}: {name} in the clear"
-        if "stdin" not in reg.secret_input_keys:
-            continue
-        sealed_steps += 1
-        meant_for = [reg.plain_inputs["connection"]["host"]]
-        hosts = [n for n in NODES if NODES[n] in meant_for] if endpoint_of(reg) != CLUSTER_ENDPOINT else control_planes
-        assert sealed.recipients_of(stdin) == hosts, reg.name
-        inner = sealed.unseal(stdin, _node_key(offline_run, hosts[-1]))
-        if reg.name != "kubeconfig":  # sealed for its proven answer, it carries no secret in
-            assert secrets["bootstrap-token-secret"] in _bundle_texts(inner) or secrets["vrrp-password"] in (
-                _bundle_texts(inner)
-            ), reg.name
-        for other in set(NODES) - set(hosts):
-            with pytest.raises(ValueError, match="not among"):
-                sealed.unseal(stdin, _node_key(offline_run, other))
-    assert sealed_steps == 2 + 1 + 5 + 5 + 1  # lb-setup x2, init, refresh x5, join x5, kubeconfig
+        texts = _bundle_texts(reg.plain_inputs["stdin"])
+        held = [name for name, value in secrets.items() if value in texts]
+        if held:
+            carrying.add(reg.name)
+            assert "stdin" in reg.secret_input_keys, reg.name
+            assert reg.plain_inputs["logging"] == "none", reg.name
+            assert {"stdout", "stderr"} & set(reg.additional_secret_outputs) >= {"stderr"}, reg.name
+            # The files that hold them leave the step directory when the step ends.
+            assert "\ntrap 'rm -f -- /var/lib/labs-k8s/steps/" in reg.plain_inputs["stdin"], reg.name
+        for value in secrets.values():
+            for key in ("create", "delete", "triggers"):
+                assert value not in str(reg.plain_inputs.get(key, "")), (reg.name, key)
+    assert len(carrying) == 7 + 2 + 1 + 5 + 5  # host-key x7, lb-setup x2, init, refresh x5, join x5
 
 
-def test_answers_the_program_relies_on_are_proven_before_use(offline_run):
-    """A host that answers for the VIP's SSH port without being a control plane could print a CA hash
-    of its own (a join would then trust its API server, and give it the token) or a kubeconfig of
-    its own (kubectl would trust its CA). Both answers carry a proof only a host that opened the
-    sealed bundle can compute; the program uses them only once it checks out."""
-    key = _node_key(offline_run, "labs-k8s-m02")
-    for name in ("labs-k8s-w01-refresh-join-material", "labs-k8s-m02-refresh-join-material", "kubeconfig"):
-        reg = offline_run.by_name(name)
-        stdin, stdout = reg.plain_inputs["stdin"], reg.plain_outputs["stdout"]
-        assert f"/{sealed.PROVE_FILE} <<" in stdin
-        answer = sealed.verified_answer(name, stdin, key, stdout)
-        assert answer and sealed.PROOF_PREFIX not in answer
-        forged = stdout.replace(answer, answer[:-1] + ("0" if answer[-1] != "0" else "1"))
-        with pytest.raises(ValueError, match=f"{name}: the answer's proof is wrong"):
-            sealed.verified_answer(name, stdin, key, forged)
-        with pytest.raises(ValueError, match=f"{name}: the answer has no proof"):
-            sealed.verified_answer(name, stdin, key, answer)
-    # What the join pins is the proven hash; the exported kubeconfig is the proven text.
+def test_the_join_pins_the_ca_hash_its_refresh_printed(offline_run):
     refresh = offline_run.by_name("labs-k8s-w01-refresh-join-material")
     join = offline_run.by_name("labs-k8s-w01-kubeadm-join")
-    proven = sealed.verified_answer("r", refresh.plain_inputs["stdin"], key, refresh.plain_outputs["stdout"])
-    inner = sealed.unseal(join.plain_inputs["stdin"], _node_key(offline_run, "labs-k8s-w01"))
-    assert f"exec bash ./join-worker.sh {proven}" in inner
+    assert f"bash ./join-worker.sh {refresh.plain_outputs['stdout']}" in join.plain_inputs["stdin"]
     kubeconfig = offline_run.by_name("kubeconfig")
-    assert sealed.PROOF_PREFIX not in sealed.verified_answer(
-        "k", kubeconfig.plain_inputs["stdin"], key, kubeconfig.plain_outputs["stdout"]
+    assert offline_run.stack_outputs["kubeconfig"] == "[secret]"
+    assert {"stdout", "stderr"} <= set(kubeconfig.additional_secret_outputs)
+    assert kubeconfig.plain_inputs["logging"] == "none"
+
+
+def _rotated(run, node: str) -> dict:
+    """`pulumi up --replace` of the node's seed: the provider's answer, a new seed."""
+    seed = run.by_name(f"{node}-host-key-seed").plain_outputs
+    return {("random:index/randomId:RandomId", f"{node}-host-key-seed"): {**seed, "hex": "5a" * 32}}
+
+
+def test_a_rotated_host_key_is_installed_over_a_session_pinned_to_the_old_one(offline_run):
+    first = offline_run
+    old = first.by_name("labs-k8s-w01-prepare").plain_inputs["connection"]["hostKey"]
+    new = host_keys.ed25519_host_key("5a" * 32).public_openssh
+    second = run_program("labs", kept=_rotated(first, "labs-k8s-w01"), previous=first.previous_state())
+    install = second.by_name("labs-k8s-w01-host-key")
+    assert install.plain_inputs["connection"]["hostKey"] == old != new
+    assert host_keys.ed25519_host_key("5a" * 32).private_openssh in _bundle_texts(install.plain_inputs["stdin"])
+    # Every other step on the node pins the new key, after the install.
+    for name in (
+        "labs-k8s-w01-ready",
+        "labs-k8s-w01-node-settings",
+        "labs-k8s-w01-prepare",
+        "labs-k8s-w01-kubeadm-join",
+    ):
+        assert second.by_name(name).plain_inputs["connection"]["hostKey"] == new, name
+        assert second.depends_on(name, "labs-k8s-w01-host-key"), name
+    # The VM keeps its identity; its user-data has the new key for a future replacement.
+    assert (
+        second.by_name("labs-k8s-w01").plain_inputs["replaceTrigger"]
+        == first.by_name("labs-k8s-w01").plain_inputs["replaceTrigger"]
     )
+    assert _userdata(second, "labs-k8s-w01")["ssh_keys"]["ed25519_public"] == new
+    assert f"10.3.60.54 {new}" in second.stack_outputs["sshKnownHosts"]
+    # The next run after the rotation pins the new key everywhere.
+    third = run_program("labs", kept=_rotated(first, "labs-k8s-w01"), previous=second.previous_state())
+    assert third.by_name("labs-k8s-w01-host-key").plain_inputs["connection"]["hostKey"] == new
+    # Other nodes are untouched.
+    assert (
+        second.by_name("labs-k8s-w02-host-key").plain_inputs["connection"]["hostKey"]
+        == first.by_name("labs-k8s-w02-host-key").plain_inputs["connection"]["hostKey"]
+    )
+
+
+def test_a_new_vm_is_reached_with_its_new_key_not_the_old_vms(offline_run):
+    """A replaced VM (another id) booted with the key of its user-data: the host-key step pins that."""
+    previous = offline_run.previous_state()
+    for entry in previous.values():
+        triggers = entry["outputs"].get("triggers")
+        if isinstance(triggers, list):
+            entry["outputs"]["triggers"] = [t.replace("labs-k8s-w01-id", "old-vm-id") for t in triggers]
+    run = run_program("labs", kept=_rotated(offline_run, "labs-k8s-w01"), previous=previous)
+    new = host_keys.ed25519_host_key("5a" * 32).public_openssh
+    assert run.by_name("labs-k8s-w01-host-key").plain_inputs["connection"]["hostKey"] == new
 
 
 def test_the_certificate_key_goes_only_to_steps_that_upload_or_fetch_certificates(offline_run):
     """It decrypts the cluster's CA keys (kubeadm-certs): init, a control plane's refresh and join."""
     key = _secret_values(offline_run)["certificate-key"]
-    having = set()
-    for reg in offline_run.of_type(COMMAND):
-        stdin = reg.plain_inputs["stdin"]
-        if "stdin" not in reg.secret_input_keys:
-            continue
-        inner = sealed.unseal(stdin, _node_key(offline_run, sealed.recipients_of(stdin)[0]))
-        if key in _bundle_texts(inner):
-            having.add(reg.name)
+    having = {reg.name for reg in offline_run.of_type(COMMAND) if key in _bundle_texts(reg.plain_inputs["stdin"])}
     assert having == {
         "labs-k8s-m01-kubeadm-init",
         *(f"labs-k8s-m0{i}-{step}" for i in (1, 2, 3) for step in ("refresh-join-material", "kubeadm-join")),

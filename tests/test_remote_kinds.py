@@ -11,7 +11,7 @@ import pytest
 from components import remote
 
 COMPONENTS = Path(remote.__file__).resolve().parent
-KINDS = ("on_node", "through_vip", "guard", "upgrade")
+KINDS = ("host_key", "on_node", "through_vip", "guard", "upgrade")
 MOST_ARGUMENTS = 8
 
 
@@ -40,7 +40,7 @@ def _calls(path: Path) -> list[str]:
 @pytest.mark.parametrize("layer", ["fleet.py", "loadbalancer.py", "cluster.py"])
 def test_the_layers_register_steps_only_through_a_kind(layer: str) -> None:
     calls = _calls(COMPONENTS / layer)
-    assert any(call.endswith(("on_node", "through_vip", "guard", "upgrade")) for call in calls)
+    assert any(call.endswith(KINDS) for call in calls)
     forbidden = [c for c in calls if c.endswith(("remote.Command", "steps.command", "_register", "_Step"))]
     assert not forbidden, f"{layer} registers a step around the kinds: {forbidden}"
 

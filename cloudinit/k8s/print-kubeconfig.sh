@@ -36,5 +36,10 @@ if ((end - $(date -u +%s) < RENEW_BEFORE_DAYS * 86400)); then
     run_logged "$HERE/certs-renew.log" kubeadm certs renew admin.conf || die "kubeadm certs renew admin.conf failed"
     end=$(client_cert_end)
 fi
-printf '# labs-k8s: client certificate valid until %s\n' "$(date -u -d "@$end" +%Y-%m-%dT%H:%M:%SZ)" >&3
-cat "$ADMIN_CONF" >&3
+# The admin credentials go to stdout last, in one write, once nothing can fail any more:
+# pulumi-command puts a failed step's stdout into its error text whatever `logging` says
+# (v1.2.1 remote/commandOutputs.go, `run`), so a step must never fail after printing them.
+valid_until=$(date -u -d "@$end" +%Y-%m-%dT%H:%M:%SZ)
+kubeconfig=$(<"$ADMIN_CONF") || die "cannot read ${ADMIN_CONF#"$ROOT"}"
+[[ $kubeconfig == *client-key-data:* ]] || die "admin.conf has no embedded client key"
+printf '# labs-k8s: client certificate valid until %s\n%s\n' "$valid_until" "$kubeconfig" >&3

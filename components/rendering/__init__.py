@@ -10,7 +10,7 @@ import base64
 import functools
 import hashlib
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jinja2
@@ -53,12 +53,20 @@ def content_hash(*parts: str) -> str:
 STEP_ROOT = "/var/lib/labs-k8s/steps"
 
 
-def step_bundle(step: str, files: Mapping[str, str], entrypoint: str, args: tuple[str, ...] = ()) -> str:
+def step_bundle(
+    step: str,
+    files: Mapping[str, str],
+    entrypoint: str,
+    args: tuple[str, ...] = (),
+    secret_files: Sequence[str] = (),
+) -> str:
     """One self-contained bash script that a remote command feeds to `sudo bash -s` on stdin.
 
     It writes `files` (name -> text) into a root-only step directory, then runs `entrypoint`
     (one of the files) from there. Sending the bundle on stdin keeps the command line, and so
-    `ps` and the provider's logs, free of file contents and secrets.
+    `ps` and the provider's logs, free of file contents and secrets. `secret_files` (those that
+    hold a secret: a kubeadm configuration with the token) are removed when the entrypoint ends,
+    however it ends: the next run brings them again, nothing keeps them on the node's disk.
     """
     if entrypoint not in files:
         raise ValueError(f"entrypoint {entrypoint!r} is not among the bundle's files {sorted(files)}")
@@ -80,5 +88,14 @@ def step_bundle(step: str, files: Mapping[str, str], entrypoint: str, args: tupl
     quoted_args = " ".join(shlex.quote(a) for a in args)
     lines.append(f"cd {shlex.quote(step_dir)}")
     # "$@": what the remote command passes after `bash -s --` (teardown-guard's set/clear).
-    lines.append(f'exec bash ./{shlex.quote(entrypoint)} {quoted_args} "$@"'.replace('  "$@"', ' "$@"'))
+    run = f'bash ./{shlex.quote(entrypoint)} {quoted_args} "$@"'.replace('  "$@"', ' "$@"')
+    if secret_files:
+        unknown = sorted(set(secret_files) - set(files))
+        if unknown:
+            raise ValueError(f"secret files {unknown} are not among the bundle's files")
+        removed = " ".join(shlex.quote(f"{step_dir}/{name}") for name in sorted(secret_files))
+        lines.append(f"trap {shlex.quote(f'rm -f -- {removed}')} EXIT")
+        lines.append(run)
+    else:
+        lines.append(f"exec {run}")
     return "\n".join(lines) + "\n"

@@ -13,12 +13,14 @@ from __future__ import annotations
 import base64
 import functools
 import gzip
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import yaml
 
 from components.config import LabConfig, Node, Role
 from components.rendering import content_hash, read_file, render_template
+from components.rendering.host_keys import HostKey
 
 METADATA_TEMPLATE = "node/metadata.yaml.j2"
 NETWORK_TEMPLATE = "node/network-config.yaml.j2"
@@ -153,8 +155,20 @@ def authorized_keys(cfg: LabConfig) -> list[str]:
     return list(dict.fromkeys(key for key in keys if key))
 
 
-def render_userdata(cfg: LabConfig, node: Node) -> str:
-    """The node's `#cloud-config`."""
+HOST_KEY_FILES = {"ed25519": "/etc/ssh/ssh_host_ed25519_key", "ecdsa": "/etc/ssh/ssh_host_ecdsa_key"}
+
+
+def host_key_config(host_keys: Sequence[HostKey]) -> str:
+    """sshd's HostKey lines for exactly these keys: with any HostKey given, sshd loads no other
+    (sshd_config(5)), so the RSA key that labs-k8s-ssh-hostkeys.service's `ssh-keygen -A` makes
+    is never presented."""
+    return "".join(f"HostKey {HOST_KEY_FILES[key.kind]}\n" for key in host_keys)
+
+
+def render_userdata(cfg: LabConfig, node: Node, host_keys: Sequence[HostKey] = ()) -> str:
+    """The node's `#cloud-config`. `host_keys`: the node's SSH host keys (its Ed25519 key, and on a
+    control plane the shared VIP key); never part of the instance identity (`instance_id` renders
+    without them), so a rotation changes no instance-id and replaces no VM."""
     return render_template(
         USERDATA_TEMPLATE,
         q=yaml_scalar,
@@ -166,6 +180,8 @@ def render_userdata(cfg: LabConfig, node: Node) -> str:
         ntp_servers=list(cfg.network.ntp_servers),
         apt_proxy=cfg.mirrors.apt_proxy,
         data_disk=_data_disk_context(node),
+        host_keys=list(host_keys),
+        host_key_config=host_key_config(host_keys),
     )
 
 
@@ -225,10 +241,10 @@ def encode_guestinfo(text: str, limit: int = GUESTINFO_VALUE_LIMIT) -> tuple[str
     )
 
 
-def guestinfo_extra_config(cfg: LabConfig, node: Node) -> dict[str, str]:
+def guestinfo_extra_config(cfg: LabConfig, node: Node, host_keys: Sequence[HostKey] = ()) -> dict[str, str]:
     """The VM's extraConfig keys that the VMware datasource reads."""
     metadata, metadata_encoding = encode_guestinfo(render_metadata(cfg, node))
-    userdata, userdata_encoding = encode_guestinfo(render_userdata(cfg, node))
+    userdata, userdata_encoding = encode_guestinfo(render_userdata(cfg, node, host_keys))
     return {
         "guestinfo.metadata": metadata,
         "guestinfo.metadata.encoding": metadata_encoding,

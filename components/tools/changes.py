@@ -360,7 +360,7 @@ def _decide(before: Registration, after: Registration, extra_changed: set[str]) 
     return Effect(after.name, after.type, after.urn, "update", tuple(top), reboots=verdict.reboots, cause=cause)
 
 
-def plan_changes(before: OfflineRun, after: OfflineRun) -> Plan:
+def plan_changes(before: OfflineRun, after: OfflineRun, forced: frozenset[str] = frozenset()) -> Plan:
     """The effect of going from `before` to `after` on every custom resource, in execution order.
 
     A resource the engine leaves as it is (a "same" step) keeps its old outputs even when its
@@ -369,10 +369,11 @@ def plan_changes(before: OfflineRun, after: OfflineRun) -> Plan:
     between the runs, `after` is run again with the old outputs kept for it (OfflineRun.rerun)
     until the plan settles. A run that cannot be re-run (one read back from a document) gets the
     same correction by hand: each input that reads only such resources takes its old value.
+    `forced`: the names of resources `pulumi up --replace` replaces, whatever their inputs.
     """
     kept: dict[tuple[str, str], dict[str, Any]] = {}
     for _ in range(8):
-        plan = _plan_once(before, after)
+        plan = _plan_once(before, after, forced)
         olds, news = _custom(before), _custom(after)
         touched = {e.urn for e in plan.effects}
         stale = {
@@ -410,7 +411,7 @@ def _keep_outputs(before: OfflineRun, after: OfflineRun, kept: set[str]) -> Offl
     return OfflineRun(registrations, after.stack_outputs, after.calls, after.config, after.secret_keys)
 
 
-def _plan_once(before: OfflineRun, after: OfflineRun) -> Plan:
+def _plan_once(before: OfflineRun, after: OfflineRun, forced: frozenset[str] = frozenset()) -> Plan:
     olds, news = _custom(before), _custom(after)
     effects: dict[str, Effect] = {}
     renewed: set[str] = set()  # resources whose id and outputs are new: created or replaced
@@ -428,6 +429,8 @@ def _plan_once(before: OfflineRun, after: OfflineRun) -> Plan:
             if set(deps) & renewed and not any(path_contains(i, (key,)) for i in ignored)
         }
         effect = _decide(olds[urn], reg, extra)
+        if reg.name in forced:  # `--replace`: new outputs, whatever the inputs
+            effect = Effect(reg.name, reg.type, urn, "replace", ("--replace",), reg.delete_before_replace)
         if effect is None:
             continue
         if effect.cause == "dependency":
@@ -590,6 +593,8 @@ class ChangeCase:
     title: str
     change: Callable[[dict[str, Any]], None]
     overrides: Mapping[str, Any] = field(default_factory=dict)  # other config keys, e.g. secrets
+    # What a resource `pulumi up --replace`d answers this time: (type, name) -> `before` outputs -> new.
+    replaced: Mapping[tuple[str, str], Callable[[Mapping[str, Any]], Mapping[str, Any]]] = field(default_factory=dict)
 
 
 def _hosts(ns: dict[str, Any], role: str) -> list[dict[str, Any]]:
@@ -651,6 +656,11 @@ def _swap_to_next_key(ns: dict[str, Any]) -> None:
     ns["ssh"] = {**ns["ssh"], "publicKey": _next_public_key(), "extraPublicKeys": []}
 
 
+def _new_seed(outputs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A replaced RandomId's answer: another seed."""
+    return {**outputs, "hex": "".join("0123456789abcdef"[(int(c, 16) + 1) % 16] for c in outputs["hex"])}
+
+
 # Another private key in form (offline runs carry no real key): what the steps' connection holds.
 _ROTATED_PRIVATE_KEY = _private_key_placeholder(" (rotated)")
 
@@ -669,6 +679,12 @@ CHANGE_CASES: tuple[ChangeCase, ...] = (
         "`vsphere:password` (a vCenter password rotation)",
         lambda ns: None,
         {"vsphere:password": "a-rotated-vcenter-password"},
+    ),
+    # docs/cluster.md "Host identity": the new key goes in over a session pinned to the old one.
+    ChangeCase(
+        "`pulumi up --replace` of `labs-k8s-w01-host-key-seed` (a host key rotation)",
+        lambda ns: None,
+        replaced={("random:index/randomId:RandomId", "labs-k8s-w01-host-key-seed"): _new_seed},
     ),
     ChangeCase("`network.ntpServers`", _set("network", ntpServers=["ntp1.labs.local"])),
     ChangeCase("`network.dnsServers`", _set("network", dnsServers=["10.3.60.2"])),
@@ -711,7 +727,10 @@ def case_runs(case: ChangeCase, stack: str = "labs", before: OfflineRun | None =
     namespace = _namespace(stack)
     case.change(namespace)
     overrides = {f"labs-k8s:{key}": value for key, value in namespace.items()}
-    return before, run_program(stack, overrides={**overrides, **case.overrides}, previous=before.previous_state())
+    answers = {key: dict(new(before.by_name(key[1]).plain_outputs)) for key, new in case.replaced.items()}
+    return before, run_program(
+        stack, overrides={**overrides, **case.overrides}, previous=before.previous_state(), kept=answers or None
+    )
 
 
 def summary(plan: Plan) -> str:
@@ -723,7 +742,10 @@ def summary(plan: Plan) -> str:
 def case_plans(stack: str = "labs", cases: Iterable[ChangeCase] = CHANGE_CASES) -> list[tuple[ChangeCase, Plan]]:
     """Every case's plan, computed from the program (one `before` run shared by all)."""
     before = run_program(stack)
-    return [(case, plan_changes(*case_runs(case, stack, before))) for case in cases]
+    return [
+        (case, plan_changes(*case_runs(case, stack, before), forced=frozenset(name for _, name in case.replaced)))
+        for case in cases
+    ]
 
 
 def render_table(plans: Iterable[tuple[ChangeCase, Plan]]) -> str:

@@ -200,6 +200,12 @@ def _bundle_param(bundle: str, name: str) -> str | None:
     return found.group(1).strip("'") if found else None
 
 
+def _bundle_file(bundle: str, name: str) -> str | None:
+    """A file of a step bundle (rendering.step_bundle's base64 heredocs), decoded."""
+    match = re.search(rf"/{re.escape(name)}'? <<'LABS_K8S_EOF'\n(.*?)\nLABS_K8S_EOF", bundle, re.S)
+    return base64.b64decode("".join(match.group(1).split())).decode() if match else None
+
+
 def _fake_hex(seed: str, length: int) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:length]
 
@@ -244,8 +250,12 @@ class LabMocks(pulumi.runtime.Mocks):
         kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
         previous: Mapping[str, Any] | None = None,
         organization: str = SELF_MANAGED_ORGANIZATION,
+        unknown_outputs: bool = False,
     ) -> None:
         self.vip = vip
+        # A new stack's preview: the engine knows nothing a provider computes (a create previewed by
+        # pulumi-random or pulumi-command answers unknowns), so every such output stays unknown.
+        self.unknown_outputs = unknown_outputs
         self.calls: list[tuple[str, dict[str, Any]]] = []
         # (type, name) -> outputs: resources the engine would leave as they are (a "same" step
         # keeps the outputs in the state, whatever the new inputs), see components/tools/changes.py.
@@ -255,14 +265,12 @@ class LabMocks(pulumi.runtime.Mocks):
         # all, what `pulumi stack init` leaves (pulumi/pulumi pkg/backend/diy/backend.go CreateStack).
         self.previous = None if previous is None else dict(previous)
         self.self_managed = organization == SELF_MANAGED_ORGANIZATION
-        # RandomPassword results by resource name: the node keys a proving step's answer is proven with.
-        self.passwords: dict[str, str] = {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
+        if self.unknown_outputs:
+            return "", {}  # in a preview the SDK reads an empty id and every missing output as unknown
         if (args.typ, args.name) in self.kept:
             kept = dict(self.kept[(args.typ, args.name)])
-            if args.typ == "random:index/randomPassword:RandomPassword" and "result" in kept:
-                self.passwords[args.name] = str(kept["result"])  # a kept node key still proves answers
             return f"{args.name}-id", kept
         # Only what providers compute: echoing every input back (stdin bundles, guestinfo) would make
         # the mock, not the program, dominate evaluation time.
@@ -272,12 +280,11 @@ class LabMocks(pulumi.runtime.Mocks):
             outputs.update(uuid=f"4200{_fake_hex(args.name, 28)}", moid=f"vm-{_fake_hex(args.name, 4)}")
         elif args.typ == "random:index/randomPassword:RandomPassword":
             outputs["result"] = _fake_hex(args.name, int(args.inputs.get("length", 16)))
-            self.passwords[args.name] = outputs["result"]
         elif args.typ == "random:index/randomId:RandomId":
             size = int(args.inputs.get("byteLength", 32))
             outputs.update(hex=_fake_hex(args.name, size * 2), b64Std="", b64Url="", dec="")
         elif args.typ == "command:remote:Command":
-            outputs.update(stdout=self._proven(self._command_stdout(args.name, args.inputs), args.inputs), stderr="")
+            outputs.update(stdout=self._command_stdout(args.name, args.inputs), stderr="")
         elif args.typ == "pulumi-python:dynamic:Resource":
             # Both dynamic providers return their inputs as outputs (few, small); the template
             # build adds the UUID, managed object id and guest id of the template it made.
@@ -290,22 +297,11 @@ class LabMocks(pulumi.runtime.Mocks):
                 )
         return resource_id, outputs
 
-    def _proven(self, stdout: str, inputs: Mapping[str, Any]) -> str:
-        """What unseal-step.sh prints on a host that opened a proving bundle: the answer, then its proof
-        (the node keys are the mock's own RandomPassword results, `<node>-node-key`)."""
-        from components.rendering import sealed
-
-        stdin = str(_unwrap(inputs.get("stdin", "")))  # a secret input arrives in its wire form
-        if f"/{sealed.PROVE_FILE} <<" not in stdin:
-            return stdout
-        for host in sealed.recipients_of(stdin):
-            key = self.passwords.get(f"{host}-node-key")
-            if key is not None:
-                answer = stdout.rstrip("\n")  # as `answer=$(...)` in unseal-step.sh keeps it
-                return f"{answer}\n{sealed.proof(stdin, key, answer)}"
-        return stdout
-
     def _command_stdout(self, name: str, inputs: Mapping[str, Any]) -> str:
+        if name.endswith("-host-key"):
+            # install-host-keys.sh prints the Ed25519 key the node now presents: the one in its bundle.
+            stdin = str(_unwrap(inputs.get("stdin", "")))  # a secret input arrives in its wire form
+            return (_bundle_file(stdin, "ssh_host_ed25519_key.pub") or "").strip()
         if name.endswith("-kubeadm-join"):
             return "joined"
         if name.endswith("-upgrade"):
@@ -535,6 +531,7 @@ def run_program(
     kept: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
     previous: Mapping[str, Any] | None = None,
     organization: str = SELF_MANAGED_ORGANIZATION,
+    unknown_outputs: bool = False,
 ) -> OfflineRun:
     """Run `__main__.py` (or `program`) as the engine would, under mocks, and return what it registered.
 
@@ -542,6 +539,7 @@ def run_program(
     gives the outputs of resources that the mock providers return unchanged (LabMocks.kept).
     `previous` is the stack's last deployment (None: a new stack with none, LabMocks.previous);
     `organization` "organization" is a self-managed backend, any other Pulumi Cloud.
+    `unknown_outputs` (with `preview`): a new stack's preview, no provider output known (LabMocks).
     """
     config, secret_keys = stack_config(stack, overrides, stack_file)
     vip = (
@@ -549,7 +547,9 @@ def run_program(
         if ("labs-k8s:loadBalancer" in config)
         else "10.3.60.100"
     )
-    mocks = LabMocks(vip=str(vip), kept=kept, previous=previous, organization=organization)
+    mocks = LabMocks(
+        vip=str(vip), kept=kept, previous=previous, organization=organization, unknown_outputs=unknown_outputs
+    )
     monitor = RecordingMonitor(mocks)
     if monitor_sink is not None:
         monitor_sink.append(monitor)  # lets a caller see what was registered before a failure
@@ -579,6 +579,8 @@ def run_program(
         asyncio.set_event_loop(None)
 
     def rerun(keep: Mapping[tuple[str, str], Mapping[str, Any]]) -> OfflineRun:
+        # What this run's providers were told to answer (a seed `--replace`d) stays as it was.
+        keep = {**keep, **(kept or {})}
         return run_program(stack, overrides, program, preview, None, stack_file, keep, previous, organization)
 
     return OfflineRun(monitor.registrations, monitor.stack_outputs, mocks.calls, config, secret_keys, rerun)
