@@ -134,6 +134,9 @@ class EngineLab:
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
             "PULUMI_DISABLE_REGISTRY_RESOLVE": "true",
             "PULUMI_SKIP_CONFIRMATIONS": "true",
+            # The engine's --event-log (what the tests read the resource changes from, as the
+            # Automation API does) exists only with it (pkg/cmd/pulumi/operations/up.go).
+            "PULUMI_DEBUG_COMMANDS": "true",
             "LABS_K8S_CACHE": str(self.root / "labs-k8s-cache"),
             "LANG": "C.UTF-8",
             **extra,

@@ -143,6 +143,7 @@ def test_an_altered_archive_is_refused_before_anything_is_extracted(tmp_path: Pa
     assert run.returncode != 0
     assert "refusing to build from an altered or unlisted archive" in run.stderr, run.stderr
     assert not list(cache.glob("*/src/*")), "something was extracted from the altered archive"
+    assert not [p for p in cache.rglob("*") if p.is_file()], "something was extracted from the altered archive"
 
 
 def third_party_dir() -> Path:

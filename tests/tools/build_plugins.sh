@@ -60,11 +60,13 @@ checked_archive() {
 
 # unpack ENTRY ARCHIVE_NAME DEST: extract the named archive of the entry into DEST.
 unpack() {
-    local spec=$1 name=$2 dest=$3 file sha
+    local spec=$1 name=$2 dest=$3 file sha archive
     file=$(jq -r --arg n "$name" '.archives[] | select(.name == $n) | .file' <<<"$spec")
     sha=$(jq -r --arg n "$name" '.archives[] | select(.name == $n) | .sha256' <<<"$spec")
+    # Checked before anything is made: a failed check inside tar's argument would not stop tar.
+    archive=$(checked_archive "$file" "$sha") || return 1
     mkdir -p "$dest"
-    tar -xzf "$(checked_archive "$file" "$sha")" -C "$dest"
+    tar -xzf "$archive" -C "$dest"
 }
 
 # The release builds: no cgo, -trimpath, the version stamped in (without it GetPluginInfo answers
