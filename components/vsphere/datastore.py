@@ -101,13 +101,10 @@ def remove_empty_datastore_dir(si: vim.ServiceInstance, datacenter: str, ds_path
     """
     dc = find_datacenter(si, datacenter)
     ds = find_datastore(si, dc, ds_path[1 : ds_path.index("]")])
-    # Ask for every entry by name, folders included: vcsim matches no entry when matchPattern is
+    # Ask for every entry by name (no query: every kind, folders included): vcsim matches no entry when matchPattern is
     # empty (govmomi simulator/host_datastore_browser.go search), where vCenter matches all, and
     # the directory then looked empty although another stack's upload was in it.
-    spec = vim.host.DatastoreBrowser.SearchSpec(
-        matchPattern=["*"],
-        query=[vim.host.DatastoreBrowser.FolderQuery(), vim.host.DatastoreBrowser.Query()],
-    )
+    spec = vim.host.DatastoreBrowser.SearchSpec(matchPattern=["*"])
     search = ds.browser.SearchDatastore_Task(datastorePath=ds_path, searchSpec=spec)
     try:
         result = wait_for_task(search, f"listing {ds_path}", timeout_s)
