@@ -406,7 +406,7 @@ def test_an_empty_url_skips_the_check(lab_config):
 
 def test_the_url_is_validated(lab_namespace):
     lab_namespace["preflight"]["kubernetesPackagesUrl"] = "pkgs.k8s.io"
-    assert "is not a URL" in problems(lab_namespace)["preflight.kubernetesPackagesUrl"]
+    assert "is not an http:// or https:// URL" in problems(lab_namespace)["preflight.kubernetesPackagesUrl"]
 
 
 def test_an_nfs_datastore_without_hardware_acceleration_is_refused(with_folder, lab_config, monkeypatch, tmp_path):
