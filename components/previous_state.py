@@ -32,8 +32,17 @@ registers new ones, so a first `up` that fails still leaves an output behind. A 
 a bare `pulumi stack init` + `pulumi up` whose first `up` failed is read as new: its first retry
 then re-runs no join-material refresh (join-attempt stays 1).
 
-The program calls both synchronously at start, before registering anything, so the checkpoint is
-still the previous deployment's. Alternatives that do not work here: `pulumi:pulumi:getResource`
+The program calls both synchronously at start, before registering anything of its own, so the
+checkpoint is still the previous deployment's. It is not always still on disk, though: the SDK has
+registered the root stack resource by then, and during an `up` the engine saves the checkpoint for
+that step while the program reads it. On a file:// backend, gocloud's fileblob writes the
+checkpoint by rename but its `<stack>.json.attrs` sidecar in place (blob/fileblob/attrs.go setAttrs:
+os.Create, then encode), and reads decode that sidecar first (fileblob.go forKey -> getAttrs): a
+read between the truncate and the write fails with "failed to load checkpoint: EOF". Seen on the
+real engine (a template-layer `up` on a new stack died in its first second). Such a torn read is
+read again after a short wait (TORN_READ_DELAYS); any other failure is not.
+
+Alternatives that do not work here: `pulumi:pulumi:getResource`
 reads only the resources registered in the *current* deployment (builtinProvider.getResource
 looks in `news` and `reads`), and a StackReference is itself a resource (registered, read
 asynchronously).
@@ -49,6 +58,7 @@ still hold: leave-cluster.sh refuses to break quorum); remove the key afterwards
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -127,12 +137,27 @@ class PreviousStateUnreadable(Exception):
     """A builtin invoke failed: the reason, for the message."""
 
 
+# A read that met a checkpoint mid-write (see the module docstring): fileblob's sidecar truncated
+# (EOF) or half written (unexpected EOF).
+_TORN_READ = re.compile(r"failed to load checkpoint: (unexpected )?EOF\b")
+# Seconds to wait before each new read of a torn checkpoint: a save takes milliseconds, so five
+# reads over about 6 s tell a torn read from a sidecar left empty by a crashed writer.
+TORN_READ_DELAYS: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 2.5)
+
+
 def _invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
-    try:
-        result = pulumi.runtime.invoke(token, args)
-    except Exception as error:
-        raise PreviousStateUnreadable(f"{token}: {type(error).__name__}: {error}") from None
-    return dict(_known(result.value or {}))
+    delays = iter(TORN_READ_DELAYS)
+    while True:
+        try:
+            result = pulumi.runtime.invoke(token, args)
+        except Exception as error:
+            delay = next(delays, None) if _TORN_READ.search(str(error)) else None
+            if delay is None:
+                raise PreviousStateUnreadable(f"{token}: {type(error).__name__}: {error}") from None
+            pulumi.log.info(f"the backend was saving the checkpoint while {token} read it ({error}); reading again")
+            time.sleep(delay)
+            continue
+        return dict(_known(result.value or {}))
 
 
 def _known(value: Any) -> Any:

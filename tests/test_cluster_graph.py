@@ -16,6 +16,7 @@ from typing import Any
 import pulumi
 import pytest
 
+from components import previous_state
 from components.previous_state import (
     INITIAL_DEPLOYMENT_OUTPUT,
     READ_STACK_OUTPUTS,
@@ -162,6 +163,56 @@ def test_an_unreadable_state_stops_the_run_before_anything_is_registered(offline
     assert "AccessDenied" in message and "join-material" in message
     assert f"--path {UNREADABLE_KEY} ignore" in message and "pulumi config rm" in message
     assert sink[0].registrations == {}
+
+
+def torn_reads(monkeypatch: pytest.MonkeyPatch, count: int, message: str) -> list[str]:
+    """The first `count` reads of the stack's outputs meet a checkpoint mid-save, as a file://
+    backend's reader does while the engine rewrites `<stack>.json.attrs` in place (gocloud.dev
+    blob/fileblob/attrs.go setAttrs); then the backend answers. Returns the names read."""
+    monkeypatch.setattr(previous_state, "TORN_READ_DELAYS", (0.0,) * 5)
+    answer = LabMocks._read_stack_outputs
+    reads: list[str] = []
+
+    def torn(self: LabMocks, name: str) -> dict[str, Any]:
+        reads.append(name)
+        if len(reads) <= count:
+            raise InvokeFailed(READ_STACK_OUTPUTS, message)
+        return answer(self, name)
+
+    monkeypatch.setattr(LabMocks, "_read_stack_outputs", torn)
+    return reads
+
+
+@pytest.mark.parametrize("message", ["failed to load checkpoint: EOF", "failed to load checkpoint: unexpected EOF"])
+def test_a_checkpoint_read_while_the_engine_saves_it_is_read_again(
+    offline_run: OfflineRun, monkeypatch: pytest.MonkeyPatch, message: str
+) -> None:
+    """Seen on the real engine: a template-layer `up` of a new stack died in its first second with
+    "failed to load checkpoint: EOF" (the engine was saving the root stack's step)."""
+    reads = torn_reads(monkeypatch, 2, message)
+    again = run(previous=offline_run.previous_state())
+    assert len(reads) == 3
+    assert changed_inputs(offline_run, again) == set()
+
+
+def test_a_checkpoint_that_stays_torn_stops_the_run_after_the_last_read(
+    offline_run: OfflineRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = torn_reads(monkeypatch, 99, "failed to load checkpoint: EOF")
+    sink: list[RecordingMonitor] = []
+    with pytest.raises(pulumi.RunError) as caught:
+        run(previous=offline_run.previous_state(), sink=sink)
+    assert len(reads) == 1 + len(previous_state.TORN_READ_DELAYS)
+    assert "failed to load checkpoint: EOF" in str(caught.value) and "pulumi config rm" in str(caught.value)
+    assert sink[0].registrations == {}
+
+
+def test_any_other_failure_is_not_read_again(offline_run: OfflineRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    denied = 'failed to load checkpoint: blob (key ".pulumi/stacks/labs.json"): AccessDenied'
+    reads = torn_reads(monkeypatch, 99, denied)
+    with pytest.raises(pulumi.RunError, match="AccessDenied"):
+        run(previous=offline_run.previous_state())
+    assert len(reads) == 1
 
 
 @pytest.mark.usefixtures("unreadable_backend")

@@ -19,6 +19,8 @@ import json
 import os
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -226,6 +228,38 @@ def test_a_deployment_less_checkpoint_does_not_crash_the_cli(engine_lab) -> None
     checkpoint.write_text(json.dumps({"version": 3, "checkpoint": {"stack": f"organization/labs-k8s/{lab.stack}"}}))
     run = lab.engine("preview")
     assert "panic" not in run.output and "nil pointer" not in run.output, lab.transcript()
+    assert run.ok, lab.transcript()
+
+
+def test_a_checkpoint_torn_by_the_engines_save_is_read_again(engine_lab) -> None:
+    """Seen on the real engine: a template-layer `up` of a new stack died in its first second with
+    "failed to load checkpoint: EOF". The engine saves the checkpoint for the root stack's step while
+    the program reads it, and gocloud's fileblob rewrites the `.attrs` sidecar in place
+    (blob/fileblob/attrs.go setAttrs: os.Create, then encode), which every read decodes first. The
+    race is too short to hit on demand, so the sidecar is held truncated from the engine's prelude
+    (the snapshot is loaded; the language host is starting) until the program says it reads again."""
+    lab = engine_lab()
+    readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
+    attrs = lab.root / "backend" / ".pulumi" / "stacks" / "labs-k8s" / f"{lab.stack}.json.attrs"
+    assert attrs.is_file(), "fileblob writes a sidecar beside each checkpoint"
+    saved = attrs.read_bytes()
+    events = lab.artifacts / f"{len(lab.results):02d}-events-preview.jsonl"
+    seen: list[str] = []
+
+    def tear_then_mend() -> None:
+        deadline = time.monotonic() + 600
+        for wanted in ('"preludeEvent"', "was saving the checkpoint"):
+            while time.monotonic() < deadline and not (events.is_file() and wanted in events.read_text()):
+                time.sleep(0.02)
+            seen.append(wanted)
+            attrs.write_bytes(b"" if wanted == '"preludeEvent"' else saved)
+        attrs.write_bytes(saved)
+
+    watcher = threading.Thread(target=tear_then_mend, daemon=True)
+    watcher.start()
+    run = lab.engine("preview", layers="template")
+    watcher.join(timeout=30)
+    assert "was saving the checkpoint" in events.read_text(), lab.transcript()
     assert run.ok, lab.transcript()
 
 

@@ -475,12 +475,15 @@ def test_the_default_providers_update_line_is_explained() -> None:
 
 def test_the_secrets_section_says_the_state_keeps_every_stack_secret() -> None:
     """The dynamic providers' default provider records every config key, secrets included: the
-    README's secrets section says so, naming each secret a stack file holds."""
+    runbook's secrets section says so, naming each secret a stack file holds, and the README's
+    secrets section links there (#33 moved the engine internals out of the README)."""
     from components.tools.offline import REQUIRED_SECRETS, default_provider_inputs
 
     recorded = default_provider_inputs({key: "x" for key in REQUIRED_SECRETS}, set(REQUIRED_SECRETS))["pulumi-python"]
     assert set(recorded) == set(REQUIRED_SECRETS) and all(v == {"secret": "x"} for v in recorded.values())
-    section = _section((REPO / "README.md").read_text(), "### Secrets and settings: what is committed")
+    readme = _section((REPO / "README.md").read_text(), "### Secrets and settings: what is committed")
+    assert "(docs/runbook.md#secrets-in-the-stack-file-and-in-the-state)" in readme
+    section = _section((REPO / "docs" / "runbook.md").read_text(), "### Secrets in the stack file and in the state")
     assert "pulumi:providers:pulumi-python" in section
     for key in REQUIRED_SECRETS:
         assert f"`{key}`" in section, key
