@@ -80,7 +80,9 @@ class KubeadmCluster(pulumi.ComponentResource):
         self._lab = lab
         self._previous = previous or PreviousState(available=False)
 
-        # Generated once per stack, kept in state as secrets. Token: [a-z0-9]{6}.[a-z0-9]{16}.
+        # The token `kubeadm init` creates, generated once per stack and kept in state as secrets
+        # ([a-z0-9]{6}.[a-z0-9]{16}). No join uses it: each join generation draws its own
+        # (_join_token), and verify-cluster deletes both once every node has joined.
         token_id = random.RandomPassword("bootstrap-token-id", length=6, special=False, upper=False, opts=child)
         token_secret = random.RandomPassword(
             "bootstrap-token-secret", length=16, special=False, upper=False, opts=child
@@ -136,6 +138,8 @@ class KubeadmCluster(pulumi.ComponentResource):
         self.leaves: dict[str, remote.Command] = {}
         self.refreshes: dict[str, remote.Command] = {}
         self.joins: dict[str, remote.Command] = {}
+        # Each node's join token's ID (its public half), for verify-cluster to delete it.
+        self.join_token_ids: dict[str, pulumi.Output[str]] = {}
         previous_join: remote.Command = self.init
         previous_upgrade: remote.Command | None = None
         previous_leave: remote.Command | None = None
@@ -144,7 +148,9 @@ class KubeadmCluster(pulumi.ComponentResource):
             previous_leave = leave
             # The order of an upgrade is not a reason to re-run a join (order_after: no trigger).
             order = [previous_upgrade] if self.rolling and previous_upgrade else []
-            previous_join = self._refresh_and_join(node, after=previous_join, leave=leave, order_after=order)
+            previous_join = self._refresh_and_join(
+                node, vms[node.name], after=previous_join, leave=leave, order_after=order
+            )
             previous_upgrade = self._upgrade_control_plane(node, after=previous_join)
         assert previous_upgrade is not None  # config validation: at least one control plane
         last_control_plane = previous_upgrade
@@ -154,7 +160,7 @@ class KubeadmCluster(pulumi.ComponentResource):
         for node in lab.workers:
             leave = self._leave_guard(node, vms[node.name], after=[self.init])
             order = [last_control_plane] if self.rolling else []
-            self._refresh_and_join(node, after=self.init, leave=leave, order_after=order)
+            self._refresh_and_join(node, vms[node.name], after=self.init, leave=leave, order_after=order)
         self._upgrade_workers()
 
         self.flannel = self._steps.through_vip(
@@ -168,9 +174,10 @@ class KubeadmCluster(pulumi.ComponentResource):
             steps.Script(
                 lambda: k8s_rendering.verify_files(lab),
                 k8s_rendering.VERIFY_ENTRYPOINT,
-                # Deletes the bootstrap token once every node has joined. Its ID is the token's public
-                # half (kubeadm looks the secret up by it), so the step stays without secrets.
-                args=[pulumi.Output.unsecret(token_id.result)],
+                # Deletes the bootstrap tokens (init's and every join generation's) once every node
+                # has joined. An ID is a token's public half (kubeadm looks the secret up by it), so
+                # the step stays without secrets.
+                args=[pulumi.Output.unsecret(token_id.result), *self.join_token_ids.values()],
             ),
             after=[*self.joins.values(), *self.upgrade_steps(), self.flannel],
             timeout="20m",
@@ -218,26 +225,52 @@ class KubeadmCluster(pulumi.ComponentResource):
         )
         self.register_outputs({"kubeconfig": self.kubeconfig})
 
+    def _join_token(self, node: Node, vm: pulumi.CustomResource, attempt: str) -> pulumi.Output[str]:
+        """The bootstrap token `node` joins with: drawn anew for each join generation of the node
+        (its VM, replaced or new; a join attempt after an unfinished one, `attempt`), so a token
+        seen by a node, its step directory or a log is worth nothing to the next join, and
+        verify-cluster deletes it once every node has joined. One per node, not one per `up`: a
+        node already joined keeps its token in its bundles, and so is not re-run because another
+        node joins. One draw of 22 characters, split as kubeadm's [a-z0-9]{6}.[a-z0-9]{16}."""
+        drawn = random.RandomPassword(
+            f"{node.name}-join-token",
+            length=k8s_rendering.TOKEN_ID_LENGTH + k8s_rendering.TOKEN_SECRET_LENGTH,
+            special=False,
+            upper=False,
+            keepers={"vm": vm.id, "joinAttempt": attempt},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.join_token_ids[node.name] = pulumi.Output.unsecret(drawn.result.apply(k8s_rendering.drawn_token_id))
+        return pulumi.Output.secret(drawn.result.apply(k8s_rendering.drawn_token))
+
     def _refresh_and_join(
-        self, node: Node, after: pulumi.Resource, leave: remote.Command, order_after: Sequence[pulumi.Resource] = ()
+        self,
+        node: Node,
+        vm: pulumi.CustomResource,
+        after: pulumi.Resource,
+        leave: remote.Command,
+        order_after: Sequence[pulumi.Resource] = (),
     ) -> remote.Command:
-        """Right before `node` joins: re-upload the control-plane certificates (2 h) and refresh
-        the token (24 h), then join with the CA hash the refresh printed. When the last `up` left
-        this node's join unfinished, the refresh runs again even though nothing else changed: a
-        join retried hours later needs fresh material (the `join-attempt:N` trigger)."""
+        """Right before `node` joins: re-upload the control-plane certificates (2 h) and create
+        the node's join token (24 h), then join with the CA hash the refresh printed. When the last
+        `up` left this node's join unfinished, the refresh runs again even though nothing else
+        changed: a join retried hours later needs fresh material (the `join-attempt:N` trigger),
+        and gets a fresh token too (_join_token)."""
         lab = self._lab
         join_name = f"{node.name}-kubeadm-join"
         refresh_name = f"{node.name}-refresh-join-material"
         pending = self._previous.stdout(join_name) not in JOIN_DONE
+        attempt = self._previous.next_generation(refresh_name, "join-attempt", pending)
+        token = self._join_token(node, vm, attempt)
         # The certificate key (it decrypts the cluster's CA keys in kubeadm-certs) goes only where
         # certificates are uploaded: before a control plane's join, never before a worker's.
         refresh_files: Callable[..., dict[str, str]]  # (token, key) for a control plane, (token) for a worker
         if node.role is Role.CONTROL_PLANE:
             refresh_files = lambda token, key: k8s_rendering.refresh_files(lab, token, key, node)  # noqa: E731
-            refresh_secrets = [self.token, self.certificate_key]
+            refresh_secrets = [token, self.certificate_key]
         else:
             refresh_files = lambda token: k8s_rendering.refresh_files(lab, token, None, node)  # noqa: E731
-            refresh_secrets = [self.token]
+            refresh_secrets = [token]
         refresh = self._steps.through_vip(
             refresh_name,
             steps.Script(refresh_files, k8s_rendering.REFRESH_ENTRYPOINT, secrets=refresh_secrets),
@@ -245,17 +278,17 @@ class KubeadmCluster(pulumi.ComponentResource):
             # After the previous join (one control plane at a time); its re-run is no reason to
             # refresh again: this node's own steps and join attempts are.
             order_after=[after, *order_after],
-            rerun_with=[self._previous.next_generation(refresh_name, "join-attempt", pending)],
+            rerun_with=[attempt],
         )
         self.refreshes[node.name] = refresh
         files: Callable[..., dict[str, str]]  # as refresh_files
         if node.role is Role.CONTROL_PLANE:
             files = lambda token, key: k8s_rendering.control_plane_join_files(lab, node, token, key)  # noqa: E731
-            secrets = [self.token, self.certificate_key]
+            secrets = [token, self.certificate_key]
             entrypoint = k8s_rendering.CONTROL_PLANE_JOIN_ENTRYPOINT
         else:
             files = lambda token: k8s_rendering.worker_join_files(lab, node, token)  # noqa: E731
-            secrets = [self.token]
+            secrets = [token]
             entrypoint = k8s_rendering.WORKER_JOIN_ENTRYPOINT
         join = self._steps.on_node(
             join_name,

@@ -228,17 +228,28 @@ def test_a_second_up_with_no_change_changes_nothing(offline_run: OfflineRun) -> 
 
 def test_a_join_retried_in_a_later_up_gets_fresh_join_material(offline_run: OfflineRun) -> None:
     """The last `up` ran m02's refresh but its join failed (not in the state): this `up` re-runs
-    the refresh (the kubeadm-certs Secret is 2 h old at most then), and only what follows it."""
+    the refresh (the kubeadm-certs Secret is 2 h old at most then), and only what follows it,
+    with a token of a new join generation (issue #30 §5: the token the failed attempt carried is
+    worth nothing to the retry); verify-cluster deletes the new token's ID after the joins."""
     failed_join = without(offline_run.previous_state(), "labs-k8s-m02-kubeadm-join")
     retry = run(previous=failed_join)
     refresh = retry.by_name("labs-k8s-m02-refresh-join-material")
     assert "join-attempt:2" in refresh.plain_inputs["triggers"]
     assert "join-attempt:1" in offline_run.by_name("labs-k8s-m02-refresh-join-material").plain_inputs["triggers"]
-    assert changed_inputs(offline_run, retry) == {"labs-k8s-m02-refresh-join-material"}
+    fresh = {"labs-k8s-m02-join-token", "labs-k8s-m02-refresh-join-material", "labs-k8s-m02-kubeadm-join"}
+    assert changed_inputs(offline_run, retry) == {*fresh, "verify-cluster"}
+    token = retry.by_name("labs-k8s-m02-join-token")
+    assert token.plain_inputs["keepers"]["joinAttempt"] == "join-attempt:2"
+    assert token.plain_outputs["result"] != offline_run.by_name("labs-k8s-m02-join-token").plain_outputs["result"]
 
     # A join that left a failed state behind (stdout is not "joined") counts as pending too.
     partial = edited(offline_run.previous_state(), "labs-k8s-w01-kubeadm-join", lambda o: o.update(stdout=""))
-    assert changed_inputs(offline_run, run(previous=partial)) == {"labs-k8s-w01-refresh-join-material"}
+    assert changed_inputs(offline_run, run(previous=partial)) == {
+        "labs-k8s-w01-join-token",
+        "labs-k8s-w01-refresh-join-material",
+        "labs-k8s-w01-kubeadm-join",
+        "verify-cluster",
+    }
 
     # Once that join finished, the next `up` keeps the attempt number: no diff.
     done = retry.previous_state()

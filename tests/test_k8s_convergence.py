@@ -52,9 +52,22 @@ def failed(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProc
     return result
 
 
+# Every join token a Scenario drew (cluster.py _join_token: one per node and join generation).
+DRAWN_JOIN_TOKENS: set[str] = set()
+
+
+def join_token(node: str, generation: int) -> str:
+    """The token `node` joins with in its join generation `generation`, as cluster.py draws one
+    (22 characters of [a-z0-9], split 6 + 16); deterministic, so a copied scenario agrees."""
+    token = k8s.drawn_token(hashlib.sha256(f"{node} join-attempt:{generation}".encode()).hexdigest()[:22])
+    DRAWN_JOIN_TOKENS.add(token)
+    return token
+
+
 def no_secrets(*texts: str) -> None:
+    joins = [part for token in DRAWN_JOIN_TOKENS for part in (token, token.split(".")[1])]
     for text in texts:
-        for secret in (TEST_TOKEN, TEST_TOKEN.split(".")[1], TEST_CERTIFICATE_KEY):
+        for secret in (TEST_TOKEN, TEST_TOKEN.split(".")[1], TEST_CERTIFICATE_KEY, *joins):
             assert secret not in text
 
 
@@ -71,6 +84,7 @@ class Scenario:
         copy = cls.__new__(cls)
         copy.cfg = template.cfg
         copy.first = template.first
+        copy.join_generations = dict(template.join_generations)
         copy.lab = ClusterLab.__new__(ClusterLab)
         copy.lab.base, copy.lab.dir = tmp_path, tmp_path / "cluster"
         copy.lab.nodes = {
@@ -90,6 +104,21 @@ class Scenario:
             if harness.missing_tools:
                 unavailable(f"the shell harness needs {', '.join(harness.missing_tools)} on PATH")
         self.first = cfg.control_planes[0]
+        # node -> its join generation (cluster.py: a new VM or a join attempt after an unfinished one).
+        self.join_generations: dict[str, int] = {}
+
+    def join_token(self, name: str) -> str:
+        return join_token(name, self.join_generations.setdefault(name, 1))
+
+    def new_join_generation(self, name: str) -> str:
+        """A replaced VM, or a join retried after an unfinished one: the node draws a new token."""
+        self.join_generations[name] = self.join_generations.get(name, 1) + 1
+        return self.join_token(name)
+
+    def token_ids(self) -> list[str]:
+        """What verify-cluster gets: init's token ID, then each node's join token ID (cluster.py)."""
+        ids = [k8s.token_id(TEST_TOKEN)]
+        return ids + [k8s.token_id(self.join_token(node.name)) for node in self.cfg.kubernetes_nodes]
 
     def node(self, name: str) -> Node:
         return next(n for n in self.cfg.kubernetes_nodes if n.name == name)
@@ -107,16 +136,16 @@ class Scenario:
         h = self.lab.cluster_node()
         node = self.node(joining)
         key = k8s.refresh_certificate_key(node, TEST_CERTIFICATE_KEY)
-        h.install_step(k8s.refresh_files(self.cfg, TEST_TOKEN, key, node))
+        h.install_step(k8s.refresh_files(self.cfg, self.join_token(joining), key, node))
         return h.run(k8s.REFRESH_ENTRYPOINT)
 
     def join(self, name: str, ca_hash: str) -> subprocess.CompletedProcess[str]:
         node = self.node(name)
         h = self.h(name)
         if node.role is Role.CONTROL_PLANE:
-            h.install_step(k8s.control_plane_join_files(self.cfg, node, TEST_TOKEN, TEST_CERTIFICATE_KEY))
+            h.install_step(k8s.control_plane_join_files(self.cfg, node, self.join_token(name), TEST_CERTIFICATE_KEY))
             return h.run(k8s.CONTROL_PLANE_JOIN_ENTRYPOINT, ca_hash)
-        h.install_step(k8s.worker_join_files(self.cfg, node, TEST_TOKEN))
+        h.install_step(k8s.worker_join_files(self.cfg, node, self.join_token(name)))
         return h.run(k8s.WORKER_JOIN_ENTRYPOINT, ca_hash)
 
     def refresh_and_join(self, name: str) -> subprocess.CompletedProcess[str]:
@@ -355,8 +384,10 @@ def test_a_control_plane_join_that_died_after_etcd_join_is_finished_not_reset(la
     node = lab.lab.state()["nodes"].get("labs-k8s-m02")
     assert node is None or "node-role.kubernetes.io/control-plane" not in node["labels"], "not marked yet"
 
-    # A retry hours later: the token and the certificates expired; the refresh renews them.
+    # A retry hours later: the token and the certificates expired; the retry is a new join
+    # generation (a new token), and the refresh uploads the certificates again.
     lab.lab.advance(hours=25)
+    lab.new_join_generation("labs-k8s-m02")
     m02.reset_log()
     second = ok(lab.refresh_and_join("labs-k8s-m02"))
     assert second.stdout == "joined\n"
@@ -531,11 +562,13 @@ def test_a_join_retried_after_the_join_material_expired_needs_a_fresh_refresh(up
     stale = failed(up.join("labs-k8s-m03", ca_hash))
     assert 'secrets "kubeadm-certs" not found' in stale.stderr
     assert m03 is not m03_fresh
+    up.new_join_generation("labs-k8s-m03")  # a new VM: a new join generation (cluster.py _join_token)
     ok(up.leave(new.control_planes[2]))  # what the retried up's dependency chain does before the join
     assert ok(up.refresh_and_join("labs-k8s-m03")).stdout == "joined\n"
 
     up.lab.advance(hours=25)
     fresh = up.lab.replace_vm("labs-k8s-w02")
+    up.new_join_generation("labs-k8s-w02")
     ok(up.leave(up.node("labs-k8s-w02")))
     assert f"secret/kube-system/bootstrap-token-{TEST_TOKEN.split('.')[0]}" not in up.lab.objects()
     assert ok(up.refresh_and_join("labs-k8s-w02")).stdout == "joined\n"
@@ -543,8 +576,10 @@ def test_a_join_retried_after_the_join_material_expired_needs_a_fresh_refresh(up
 
 
 def test_two_workers_added_at_once_when_the_token_is_nearly_expired(tmp_path: Path) -> None:
-    """A day after init the token has minutes left: `kubeadm token create` would fail "already
-    exists"; both refreshes update it in place, both joins work."""
+    """A day after init its token has minutes left. Two workers added at once each draw a token
+    of their own (cluster.py _join_token), which their refreshes create with a full 24 h (`kubeadm
+    init phase bootstrap-token`, never `token create`); both joins work, and init's token is left
+    to verify-cluster."""
     cfg = make_lab_config()
     grown = with_hosts(
         "workers",
@@ -567,8 +602,13 @@ def test_two_workers_added_at_once_when_the_token_is_nearly_expired(tmp_path: Pa
     assert cluster.calls_matching("kubeadm", "token", "create") == []
     assert len(cluster.calls_matching("kubeadm", "init", "phase", "bootstrap-token", "--skip-token-print")) == 2
     assert cluster.calls_matching("kubeadm", "init", "phase", "upload-certs") == [], "workers need no certificates"
-    token = lab.lab.objects()[f"secret/kube-system/bootstrap-token-{TEST_TOKEN.split('.')[0]}"]
-    assert token["expires"] - lab.lab.state()["now"] == pytest.approx(24 * 3600)
+    objects = lab.lab.objects()
+    for name in ("labs-k8s-w03", "labs-k8s-w04"):
+        token = objects[f"secret/kube-system/bootstrap-token-{k8s.token_id(lab.join_token(name))}"]
+        assert token["expires"] - lab.lab.state()["now"] == pytest.approx(24 * 3600), name
+    assert k8s.token_id(lab.join_token("labs-k8s-w03")) != k8s.token_id(lab.join_token("labs-k8s-w04"))
+    init_token = objects[f"secret/kube-system/bootstrap-token-{k8s.token_id(TEST_TOKEN)}"]
+    assert init_token["expires"] - lab.lab.state()["now"] == pytest.approx(1800), "init's token is not refreshed"
 
 
 def test_refresh_prints_the_ca_hash_and_keeps_secrets_out_of_its_logs(up: Scenario) -> None:
@@ -856,20 +896,41 @@ def spki_sha256(pem: str) -> str:
 # ------------------------------------------------------------------ the bootstrap token after the joins (issue #30, 5)
 
 
-def test_verify_deletes_the_bootstrap_token_once_every_node_joined_and_a_later_join_gets_it_back(up: Scenario) -> None:
-    """The token lets whoever has it join a node: with no join pending, verify-cluster.sh deletes it
-    (`kubeadm token delete`); a node that joins later gets it back from its refresh step."""
-    token_id = TEST_TOKEN.split(".")[0]
-    token = f"secret/kube-system/bootstrap-token-{token_id}"
-    assert token in up.lab.objects()
+def test_verify_deletes_every_bootstrap_token_once_every_node_joined_and_a_later_join_draws_its_own(
+    up: Scenario,
+) -> None:
+    """A token lets whoever has it join a node: with no join pending, verify-cluster.sh deletes
+    init's and every node's join token (`kubeadm token delete`). A node that joins later (a
+    replaced VM: a new join generation) joins with a token of its own, never an old one: an old
+    token, seen on a node or in a log, is worth nothing (issue #30 §5)."""
+    ids = up.token_ids()
+    assert len(set(ids)) == len(up.cfg.kubernetes_nodes) + 1, ids
+    tokens = [f"secret/kube-system/bootstrap-token-{token_id}" for token_id in ids]
+    assert all(token in up.lab.objects() for token in tokens), "each join's refresh created its node's token"
     files = k8s.verify_files(up.cfg)
-    first = ok(up.cluster_step(files, k8s.VERIFY_ENTRYPOINT, token_id))
-    assert first.stdout == "cluster-ok\n" and f"deleted bootstrap token {token_id}" in first.stderr
-    assert token not in up.lab.objects()
-    again = ok(up.cluster_step(files, k8s.VERIFY_ENTRYPOINT, token_id))  # nothing left to delete
+    first = ok(up.cluster_step(files, k8s.VERIFY_ENTRYPOINT, *ids))
+    assert first.stdout == "cluster-ok\n"
+    assert all(f"deleted bootstrap token {token_id}" in first.stderr for token_id in ids), first.stderr
+    assert not [token for token in tokens if token in up.lab.objects()]
+    again = ok(up.cluster_step(files, k8s.VERIFY_ENTRYPOINT, *ids))  # nothing left to delete
     assert again.stdout == "cluster-ok\n" and "deleted bootstrap token" not in again.stderr
+
+    # A replaced worker: a new join generation, whose refresh creates the new token only.
+    old_token = up.join_token("labs-k8s-w02")
     up.lab.replace_vm("labs-k8s-w02")
     ok(up.leave(up.node("labs-k8s-w02")))
-    assert ok(up.refresh_and_join("labs-k8s-w02")).stdout == "joined\n"
-    refused = failed(up.cluster_step(files, k8s.VERIFY_ENTRYPOINT, "NOT-AN-ID"))
+    new_token = up.new_join_generation("labs-k8s-w02")
+    assert k8s.token_id(new_token) != k8s.token_id(old_token)
+    ca_hash = ok(up.refresh("labs-k8s-w02")).stdout.strip()
+    assert f"secret/kube-system/bootstrap-token-{k8s.token_id(new_token)}" in up.lab.objects()
+    # A bundle with the old token (a stale copy, a log): kubeadm's discovery refuses it.
+    up.join_generations["labs-k8s-w02"] = 1
+    stale = failed(up.join("labs-k8s-w02", ca_hash))
+    assert f'token id "{k8s.token_id(old_token)}" is invalid for this cluster' in stale.stderr, stale.stderr
+    up.join_generations["labs-k8s-w02"] = 2
+    assert ok(up.join("labs-k8s-w02", ca_hash)).stdout == "joined\n"
+    final = ok(up.cluster_step(files, k8s.VERIFY_ENTRYPOINT, *up.token_ids()))
+    assert f"deleted bootstrap token {k8s.token_id(new_token)}" in final.stderr
+    refused = failed(up.cluster_step(files, k8s.VERIFY_ENTRYPOINT, ids[0], "NOT-AN-ID"))
     assert "is no bootstrap token ID" in refused.stderr
+    assert "deleted bootstrap token" not in refused.stderr, "an ID is checked before any token is deleted"

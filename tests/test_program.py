@@ -18,7 +18,7 @@ from google.protobuf import json_format
 from pulumi.runtime import rpc
 
 from components import remote as remote_steps
-from components.rendering import host_keys
+from components.rendering import host_keys, k8s
 from components.tools.offline import RecordingMonitor, run_program
 
 VM = "vsphere:index/virtualMachine:VirtualMachine"
@@ -337,6 +337,7 @@ def test_adding_a_worker_leaves_the_others_untouched(offline_run, run_with, lab_
         "labs-k8s-w03-node-settings",
         "labs-k8s-w03-host-key-seed",
         "labs-k8s-w03-host-key",
+        "labs-k8s-w03-join-token",
         # Its upgrade steps (no-ops: it is prepared at the configured version).
         "labs-k8s-w03-upgrade-drain",
         "labs-k8s-w03-upgrade",
@@ -770,6 +771,9 @@ def _secret_values(run) -> dict[str, str]:
         for name in ("bootstrap-token-id", "bootstrap-token-secret", "vrrp-password")
     }
     out["certificate-key"] = run.by_name("certificate-key").plain_outputs["hex"]
+    for reg in run.registrations.values():
+        if reg.name.endswith("-join-token"):
+            out[reg.name] = k8s.drawn_token(reg.plain_outputs["result"])
     return out
 
 
@@ -872,6 +876,35 @@ def test_secrets_travel_only_in_a_secret_stdin_with_the_logs_off(offline_run):
             for key in ("create", "delete", "triggers"):
                 assert value not in str(reg.plain_inputs.get(key, "")), (reg.name, key)
     assert len(carrying) == 7 + 2 + 1 + 5 + 5  # host-key x7, lb-setup x2, init, refresh x5, join x5
+
+
+def test_each_node_joins_with_a_token_of_its_own(offline_run):
+    """Issue #30 §5: a token per join generation. A node's refresh creates its token and its join
+    uses it; no other step carries it, the token `kubeadm init` made goes only to init, and
+    verify-cluster gets every token's ID (and no secret half) to delete them after the joins."""
+    secrets = _secret_values(offline_run)
+    init_token = f"{secrets['bootstrap-token-id']}.{secrets['bootstrap-token-secret']}"
+    join_nodes = [n for n in NODES if "-lb" not in n]
+    tokens = {node: secrets[f"{node}-join-token"] for node in join_nodes}
+    assert len(set(tokens.values())) == len(join_nodes)
+    for reg in offline_run.of_type(COMMAND):
+        texts = _bundle_texts(reg.plain_inputs["stdin"])
+        holds = {node for node, token in tokens.items() if token in texts}
+        owner = reg.name.removesuffix("-refresh-join-material").removesuffix("-kubeadm-join")
+        if owner != reg.name:
+            assert holds == {owner}, (reg.name, holds)
+        else:
+            assert holds == set(), (reg.name, holds)
+        assert (init_token in texts) == (reg.name == "labs-k8s-m01-kubeadm-init"), reg.name
+    for node in join_nodes:
+        token = offline_run.by_name(f"{node}-join-token")
+        assert token.plain_inputs["length"] == 22 and token.plain_inputs["special"] is False
+        assert token.plain_inputs["upper"] is False
+        assert token.plain_inputs["keepers"] == {"vm": f"{node}-id", "joinAttempt": "join-attempt:1"}, node
+    verify = _bundle_texts(offline_run.by_name("verify-cluster").plain_inputs["stdin"])
+    for token_value in [init_token, *tokens.values()]:
+        token_id, secret = token_value.split(".")
+        assert token_id in verify and secret not in verify
 
 
 def test_the_join_pins_the_ca_hash_its_refresh_printed(offline_run):

@@ -7,17 +7,17 @@
 #   control-plane certificates into the kubeadm-certs Secret with the same certificate key. The
 #   Secret is owned by a bootstrap token with a 2 h TTL (kubeadm constants.DefaultCertTokenDuration)
 #   and disappears with it, so a join retried later needs a fresh upload;
-# - bootstrap token: 'kubeadm init phase bootstrap-token' updates the token of our ID in place
-#   (UpdateOrCreateTokens with failIfExists=false) with a fresh 24 h TTL, or creates it, and
-#   re-creates the bootstrapper RBAC and the cluster-info ConfigMap. Unlike 'kubeadm token
-#   create' (which fails "a token with id ... already exists") it never fails on an existing or
-#   nearly expired token, and two nodes refreshing at once both succeed: the token's value never
-#   changes, so a join already under way is not disturbed;
+# - bootstrap token: the joining node's own, drawn for its join generation (components/cluster.py
+#   _join_token). 'kubeadm init phase bootstrap-token' creates it with a 24 h TTL, or updates it
+#   in place (UpdateOrCreateTokens with failIfExists=false) when this generation's refresh runs
+#   again, and re-creates the bootstrapper RBAC and the cluster-info ConfigMap. Unlike 'kubeadm
+#   token create' (which fails "a token with id ... already exists") it never fails on an
+#   existing token;
 # - stdout: exactly one line, sha256:<hex> of the cluster CA's public key, computed from
 #   /etc/kubernetes/pki/ca.crt with openssl (never parsed from kubeadm output).
 #
 # Parameters (params.env): VIP, API_PORT, API_WAIT_SECONDS, TOKEN_ID (the public half of the
-# token), JOINING_NODE, JOINING_ROLE. The bundle carries kubeadm-init.yaml (root-only: token and
+# node's token), JOINING_NODE, JOINING_ROLE. The bundle carries kubeadm-init.yaml (root-only: token and
 # certificate key).
 set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

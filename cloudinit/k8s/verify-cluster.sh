@@ -11,9 +11,10 @@
 #
 # Parameters (params.env): VIP, API_PORT, KUBERNETES_VERSION (v1.36.0), EXPECTED_NODES (array),
 # CONTROL_PLANES (array), VERIFY_TIMEOUT_SECONDS, VERIFY_INTERVAL_SECONDS.
-# Argument: the ID (the public half) of the lab's bootstrap token. Once every node has joined, the
-# token is deleted (`kubeadm token delete`): it lets anyone who has it join a node, and no join is
-# pending; a later join's refresh step makes it again (refresh-join-material.sh).
+# Arguments: the IDs (the public halves) of the lab's bootstrap tokens: the one `kubeadm init`
+# made and each node's join token. Once every node has joined, each is deleted (`kubeadm token
+# delete`): a token lets anyone who has it join a node, and no join is pending; a later join
+# draws a token of its own, which its refresh step creates (refresh-join-material.sh).
 # stdout: "cluster-ok".
 set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -145,13 +146,14 @@ if ! wait_for "$VERIFY_TIMEOUT_SECONDS" "$VERIFY_INTERVAL_SECONDS" check_all; th
     exit 1
 fi
 log "all ${#EXPECTED_NODES[@]} nodes Ready, control plane Running on ${#CONTROL_PLANES[@]} nodes, CoreDNS Available, etcd healthy with one leader, API answering on $VIP"
-TOKEN_ID=${1:-}
-if [[ -n $TOKEN_ID ]]; then
+for TOKEN_ID in "$@"; do
     [[ $TOKEN_ID =~ ^[a-z0-9]{6}$ ]] || die "'$TOKEN_ID' is no bootstrap token ID"
+done
+for TOKEN_ID in "$@"; do
     if api_has secret "bootstrap-token-$TOKEN_ID" kube-system; then
         run_logged "$HERE/token-delete.log" kubeadm token delete "$TOKEN_ID" --kubeconfig "$ADMIN_CONF" ||
             die "kubeadm token delete $TOKEN_ID failed"
         log "deleted bootstrap token $TOKEN_ID.*: every node has joined"
     fi
-fi
+done
 result cluster-ok

@@ -94,6 +94,10 @@ NODE_WAIT_SECONDS = 300
 UPGRADE_DRAIN_TIMEOUT_SECONDS = 300
 
 TOKEN_PATTERN = re.compile(r"^[a-z0-9]{6}\.[a-z0-9]{16}$")
+# kubeadm's bootstrap token: an ID of 6 and a secret of 16 characters (bootstraputil's
+# BootstrapTokenIDBytes, BootstrapTokenSecretBytes).
+TOKEN_ID_LENGTH = 6
+TOKEN_SECRET_LENGTH = 16
 CERTIFICATE_KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 CA_CERT_HASH_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -155,6 +159,19 @@ def validate_ca_cert_hash(ca_cert_hash: str) -> str:
 def token_id(token: str) -> str:
     """The public half of a bootstrap token (the Secret is named bootstrap-token-<id>)."""
     return validate_token(token).split(".", 1)[0]
+
+
+def drawn_token(drawn: str) -> str:
+    """A bootstrap token from one draw of TOKEN_ID_LENGTH + TOKEN_SECRET_LENGTH characters of
+    [a-z0-9] (a RandomPassword without upper case or special characters)."""
+    if len(drawn) != TOKEN_ID_LENGTH + TOKEN_SECRET_LENGTH:
+        raise ValueError(f"a token draw has {TOKEN_ID_LENGTH + TOKEN_SECRET_LENGTH} characters, not {len(drawn)}")
+    return validate_token(f"{drawn[:TOKEN_ID_LENGTH]}.{drawn[TOKEN_ID_LENGTH:]}")
+
+
+def drawn_token_id(drawn: str) -> str:
+    """The public half of drawn_token(drawn)."""
+    return token_id(drawn_token(drawn))
 
 
 # ------------------------------------------------------------------ derived values

@@ -210,6 +210,14 @@ def _fake_hex(seed: str, length: int) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:length]
 
 
+def _draw(args: pulumi.runtime.MockResourceArgs) -> str:
+    """What a random resource's value is drawn from here: its name, and its keepers when it has
+    any. pulumi-random replaces the resource when its keepers change (every input RequiresReplace),
+    and the replacement draws a new value: new keepers, a new value, as in the engine."""
+    keepers = args.inputs.get("keepers")
+    return f"{args.name} {json.dumps(keepers, sort_keys=True)}" if keepers else args.name
+
+
 SELF_MANAGED_ORGANIZATION = "organization"
 
 
@@ -279,10 +287,10 @@ class LabMocks(pulumi.runtime.Mocks):
         if args.typ == "vsphere:index/virtualMachine:VirtualMachine":
             outputs.update(uuid=f"4200{_fake_hex(args.name, 28)}", moid=f"vm-{_fake_hex(args.name, 4)}")
         elif args.typ == "random:index/randomPassword:RandomPassword":
-            outputs["result"] = _fake_hex(args.name, int(args.inputs.get("length", 16)))
+            outputs["result"] = _fake_hex(_draw(args), int(args.inputs.get("length", 16)))
         elif args.typ == "random:index/randomId:RandomId":
             size = int(args.inputs.get("byteLength", 32))
-            outputs.update(hex=_fake_hex(args.name, size * 2), b64Std="", b64Url="", dec="")
+            outputs.update(hex=_fake_hex(_draw(args), size * 2), b64Std="", b64Url="", dec="")
         elif args.typ == "command:remote:Command":
             outputs.update(stdout=self._command_stdout(args.name, args.inputs), stderr="")
         elif args.typ == "pulumi-python:dynamic:Resource":
