@@ -207,24 +207,25 @@ def test_a_failed_step_prints_the_logs_command_for_its_node_and_a_step_that_succ
     offline_run, tmp_path: Path
 ) -> None:
     """A failed step's error text (pulumi-command 1.2.1 remote/commandOutputs.go:101 holds the
-    command's stdout and stderr) named no way to its logs. The registered create commands run: one
-    on a node, one through the VIP, which names the control plane it landed on (its hostname)."""
-    on_node = offline_run.by_name("labs-k8s-w01-kubeadm-join")
-    through_vip = next(
-        reg
-        for reg in offline_run.of_type(COMMAND)
-        if reg.plain_inputs["connection"]["host"] == VIP and reg.plain_inputs["create"] != "true"
-    )
-    for reg, landed_on in ((on_node, "labs-k8s-w01"), (through_vip, "labs-k8s-m02")):
-        create = reg.plain_inputs["create"]
-        failed = _run_as_sshd_does(create, reg.name, "echo kubeadm said no >&2\nexit 3\n", tmp_path, landed_on)
+    command's stdout and stderr) named no way to its logs. Registered commands run as they are: a
+    step's create on its node; through the VIP a create (flannel) and a leave guard's delete with its
+    arguments, each naming the control plane it landed on (its hostname)."""
+    cases = [
+        ("labs-k8s-w01-kubeadm-join", "create", "labs-k8s-w01"),
+        ("flannel", "create", "labs-k8s-m02"),
+        ("labs-k8s-w01-leave-cluster", "delete", "labs-k8s-m03"),
+    ]
+    for name, kind, landed_on in cases:
+        reg = offline_run.by_name(name)
+        command = reg.plain_inputs[kind]
+        failed = _run_as_sshd_does(command, name, "echo kubeadm said no >&2\nexit 3\n", tmp_path, landed_on)
         assert failed.returncode == 3, failed.stderr
         assert "kubeadm said no" in failed.stderr
-        assert _hint(landed_on, reg.name) in failed.stderr, (reg.name, failed.stderr)
-        assert f"labs-k8s[{reg.name}]: failed (exit 3)" in failed.stderr
-        done = _run_as_sshd_does(create, reg.name, "echo fine\n", tmp_path, landed_on)
+        assert _hint(landed_on, name) in failed.stderr, (name, kind, failed.stderr)
+        assert f"labs-k8s[{name}]: failed (exit 3)" in failed.stderr
+        done = _run_as_sshd_does(command, name, "echo fine\n", tmp_path, landed_on)
         assert done.returncode == 0 and "fine" in done.stdout, done.stderr
-        assert "python -m components logs" not in done.stderr + done.stdout, (reg.name, done.stderr)
+        assert "python -m components logs" not in done.stderr + done.stdout, (name, kind, done.stderr)
 
 
 def test_every_steps_create_and_delete_name_the_logs_command_for_its_node(offline_run) -> None:
