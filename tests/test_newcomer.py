@@ -77,10 +77,35 @@ def test_every_not_yet_claim_is_the_runbooks_list_and_back():
 def test_the_readme_is_short_and_keeps_engine_internals_in_docs():
     """279 lines with engine internals; a newcomer needs about 150 (issue 33)."""
     readme = _readme()
-    assert len(readme.splitlines()) <= 215
+    assert len(readme.splitlines()) <= 190
     for internal in ("GetPackageConfig", "pulumi:providers:pulumi-python", "```mermaid", "## Layout"):
         assert internal not in readme, internal
-    assert "GetPackageConfig" in (REPO_ROOT / "docs" / "runbook.md").read_text()
+    runbook = (REPO_ROOT / "docs" / "runbook.md").read_text()
+    assert "GetPackageConfig" in runbook
+    # What moved out of the README is in the page it links to, under the heading the link names.
+    moved = {
+        ("docs/runbook.md#what-you-see-during-the-first-up", "### What you see during the first `up`"): (
+            "Diagnostics at the end",
+            "it powers itself off when done",
+            "A failed install keeps the builder VM, powered off",
+        ),
+        ("docs/runbook.md#the-node-networks-subnet", "#### The node network's subnet"): (
+            "30-45 minutes in",
+            "ip -4 addr",
+        ),
+        ("docs/testing.md#what-make-test-does-to-the-machine", "## What `make test` does to the machine"): (
+            "scripts/install-test-deps.sh",
+            "shellcheck, debootstrap",
+            "/etc/cloud/cloud-init.disabled",
+            "(without root those tests skip)",
+        ),
+    }
+    for (link, heading), facts in moved.items():
+        assert f"]({link})" in readme, link
+        page = (REPO_ROOT / link.split("#", 1)[0]).read_text()
+        section = " ".join(page.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0].split())
+        for fact in facts:
+            assert fact in section, (link, fact)
 
 
 def test_the_readme_says_make_test_is_the_suites_with_what_it_costs():
