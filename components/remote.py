@@ -81,15 +81,32 @@ def step_deadline_seconds(timeout: str, dial_attempts: int) -> int:
     return deadline
 
 
-def logs_hint(step: str, node: str) -> str:
-    """What a failed step's error text adds: the command that collects its logs from its node
-    (components/tools/logs.py). One function, so the step's failure message can carry it."""
-    return f'labs-k8s[{step}]: its logs on {node}: python -m components logs --stack "$STACK" {node} {step}'
+# What a step's failure text names for its node when the step runs through the VIP: the name of
+# the control plane it landed on, read there at run time. Each node's hostname is its node name:
+# its cloud-init sets `hostname:` to it with `prefer_fqdn_over_hostname: false`
+# (cloudinit/node/user-data.yaml.j2), and the readiness step fails a node whose `hostname` is not
+# (cloudinit/fleet/wait-for-cloud-init.sh), before any step through the VIP can land on it.
+NODE_AT_RUN_TIME = '"$(hostname)"'
 
 
-def bounded_run(step: str, deadline_seconds: int, args: Sequence[str] = ()) -> str:
-    """The remote command that runs a bundle from stdin with its own deadline, and says so when it
-    stopped it. It carries no secret: the bundle (stdin) does."""
+def logs_hint(step: str, node: str, stack: str) -> str:
+    """The line a failed step prints on stderr: the command that collects its logs from its node
+    (components/tools/logs.py). pulumi-command 1.2.1 puts a failed command's stdout and stderr in
+    the step's error (remote/commandOutputs.go:101 `run`: "running %q:" and the output), so the engine shows it.
+    `node` is a shell word: a quoted name, or NODE_AT_RUN_TIME. The real stack name, not "$STACK":
+    the error text is then a command to paste as it stands, whichever of a user's stacks failed.
+    Every part is a name from the configuration; none is a secret."""
+    words = [shlex.quote(step), '"$rc"', node, shlex.quote(stack), node, shlex.quote(step)]
+    return (
+        "printf 'labs-k8s[%s]: failed (exit %s); its logs on %s: python -m components logs --stack %s %s %s\\n' "
+        f"{' '.join(words)} >&2"
+    )
+
+
+def bounded_run(step: str, deadline_seconds: int, node: str, stack: str, args: Sequence[str] = ()) -> str:
+    """The remote command that runs a bundle from stdin with its own deadline, says so when it
+    stopped it, and names the logs command when the bundle failed (`logs_hint`). It carries no
+    secret: the bundle (stdin) does."""
     tail = f" -- {' '.join(shlex.quote(a) for a in args)}" if args else ""
     codes = " || ".join(f"[ $rc -eq {code} ]" for code in TIMED_OUT_CODES)
     message = shlex.quote(
@@ -98,7 +115,8 @@ def bounded_run(step: str, deadline_seconds: int, args: Sequence[str] = ()) -> s
     )
     return (
         f"sudo -n timeout --kill-after={KILL_AFTER_SECONDS} {deadline_seconds} bash -s{tail}; rc=$?; "
-        f"if {codes}; then echo {message} >&2; fi; exit $rc"
+        f"if {codes}; then echo {message} >&2; fi; "
+        f"if [ $rc -ne 0 ]; then {logs_hint(step, node, stack)}; fi; exit $rc"
     )
 
 
@@ -399,14 +417,21 @@ class RemoteSteps:
             # create and stores the new key, which a later delete (a node leaving) logs in with.
         )
         dials = step.dial_attempts
+        # A failed step names the node it ran on: its own, or the control plane the VIP led it to.
+        node = NODE_AT_RUN_TIME if step.node is None else shlex.quote(step.node.name)
+        stack = pulumi.get_stack()
         create = "true"
         if step.rerun_on_change:
-            create = bounded_run(resource_name, step_deadline_seconds(step.timeout, dials))
+            create = bounded_run(resource_name, step_deadline_seconds(step.timeout, dials), node, stack)
         if step.create_args:
-            create = bounded_run(resource_name, step_deadline_seconds(step.timeout, dials), step.create_args)
+            create = bounded_run(
+                resource_name, step_deadline_seconds(step.timeout, dials), node, stack, step.create_args
+            )
         delete = None
         if step.delete_args is not None:
-            delete = bounded_run(resource_name, step_deadline_seconds(step.delete_timeout, dials), step.delete_args)
+            delete = bounded_run(
+                resource_name, step_deadline_seconds(step.delete_timeout, dials), node, stack, step.delete_args
+            )
         if step.node is None:
             target = cluster_connection(lab, self._private_key, self._pins.cluster, dials)
         else:
