@@ -3,13 +3,17 @@
 # on a machine where it cannot run (not root, not Debian) the tests that need these
 # tools skip with a reason, and fail under CI=true.
 #
-# haproxy, keepalived and cloud-init are packaged as system services: Debian's maintainer
-# scripts enable them for the next boot (deb-systemd-helper). The tests only run them as
+# haproxy, keepalived, openssh-server and cloud-init are packaged as system services: Debian's
+# maintainer scripts enable them for the next boot (deb-systemd-helper). The tests only run them as
 # programs (their own instances, in namespaces). So this script says so before installing,
 # and afterwards stops and disables the services of the packages it installed, and disables cloud-init
 # at boot with /etc/cloud/cloud-init.disabled (cloud-init's own switch, read by its systemd
 # generator): on a workstation it must never run at the next boot and, say, regenerate the
-# SSH host keys. Packages that were already installed are left as they were.
+# SSH host keys. sshd likewise gets /etc/ssh/sshd_not_to_be_run, Debian's own switch (ssh.service's
+# ConditionPathExists, /etc/init.d/ssh's check_for_no_start in openssh 1:9.2p1-2): an sshd the
+# tests did not start never listens on this machine's interfaces. sshd itself does not read it,
+# so the tests' own sshd (tests/test_real_ssh.py, in namespaces, `sshd -D -f`) still runs.
+# Packages that were already installed are left as they were.
 #
 # LABS_K8S_TEST_PACKAGES (tests only) replaces the package list.
 set -euo pipefail
@@ -30,6 +34,8 @@ packages=(
   xorriso isolinux syslinux-common mtools dosfstools debootstrap sudo
   # first boot of the sealed template: clones in QEMU (TCG) with PVSCSI and VMXNET3, reached over SSH
   qemu-system-x86 qemu-utils e2fsprogs fdisk openssh-client
+  # the impostor proof: real sshd's behind the real pulumi-command, in network namespaces
+  openssh-server
   # vcsim and the Pulumi toolchain are built with the machine's own Go from Go modules
   # (tests/tools/build_vcsim.sh, build_toolchain.sh): never Debian's golang-go (1.19, too old).
 )
@@ -41,6 +47,7 @@ fi
 declare -A package_services=(
   [haproxy]="haproxy.service"
   [keepalived]="keepalived.service"
+  [openssh-server]="ssh.service ssh.socket"
   [cloud-init]="cloud-init-local.service cloud-init.service cloud-config.service cloud-final.service cloud-init-hotplugd.socket"
 )
 
@@ -59,12 +66,12 @@ for package in "${missing[@]}"; do
 done
 if (( ${#quieted[@]} > 0 )); then
   echo "install-test-deps: installing ${quieted[*]} on this machine. The tests only run them as programs:" \
-    "their services will be stopped and disabled right after, and cloud-init disabled at boot" \
-    "(/etc/cloud/cloud-init.disabled). To leave this machine alone, run make test in a container" \
+    "their services will be stopped and disabled right after, and cloud-init and sshd disabled at boot" \
+    "(/etc/cloud/cloud-init.disabled, /etc/ssh/sshd_not_to_be_run). To leave this machine alone, run make test in a container" \
     "(.github/workflows/preview.yml uses debian:bookworm, privileged)." >&2
 fi
 
-# Installing haproxy/keepalived must not start them on this machine: the tests start their
+# Installing haproxy/keepalived/openssh-server must not start them on this machine: the tests start their
 # own instances inside namespaces. policy-rc.d tells invoke-rc.d to leave services alone.
 created_policy=false
 if [[ ! -e /usr/sbin/policy-rc.d ]]; then
@@ -94,6 +101,9 @@ for package in "${quieted[@]}"; do
   if [[ $package == cloud-init ]]; then
     mkdir -p /etc/cloud
     touch /etc/cloud/cloud-init.disabled
+  fi
+  if [[ $package == openssh-server ]]; then
+    touch /etc/ssh/sshd_not_to_be_run
   fi
   echo "install-test-deps: $package: services disabled (${package_services[$package]})" >&2
 done

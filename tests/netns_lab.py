@@ -520,6 +520,15 @@ class NetnsLab:
             "ip", "netns", "exec", self.hosts["client"].ns, sys.executable, "-c", code, self.vip, str(port), check=False
         ).stdout.strip()
 
+    def start_daemon(self, name: str, key: str, *cmd: str) -> subprocess.Popen[bytes]:
+        """A test's own process in host `key`'s namespace (output: workdir/<name>.log), stopped
+        with the lab if the test does not stop it (tests/test_real_ssh.py's sshd's)."""
+        return self._spawn(name, key, *cmd)
+
+    def stop_daemon(self, name: str, key: str) -> None:
+        self._signal_proc(name, key, signal.SIGTERM)
+        self.procs[name].wait(timeout=10)
+
     def stop_apiserver(self, key: str, sig: int = signal.SIGTERM) -> None:
         """SIGTERM: the stand-in closes its listener and finishes in-flight requests (as the real
         apiserver drains on shutdown); SIGKILL: it vanishes mid-request."""

@@ -2,11 +2,11 @@
 
 Run for real in a Debian bookworm root filesystem (the debootstrap tarball tests/test_seal_rootfs.py
 caches), with chroot inside a private mount namespace, and real `apt-get install` from the Debian
-mirror: Debian's own maintainer scripts enable haproxy, keepalived and cloud-init for the next boot
-(deb-systemd-helper writes the *.wants symlinks), exactly as on a workstation. The script must say
-so before it installs them, and leave none of them enabled afterwards, cloud-init switched off at
-boot, and a package the machine already had untouched. LABS_K8S_TEST_PACKAGES narrows the package
-list to these three so the test does not install a Go toolchain into the rootfs.
+mirror: Debian's own maintainer scripts enable haproxy, keepalived, openssh-server and cloud-init
+for the next boot (deb-systemd-helper writes the *.wants symlinks), exactly as on a workstation. The
+script must say so before it installs them, and leave none of them enabled afterwards, cloud-init and
+sshd switched off at boot, and a package the machine already had untouched. LABS_K8S_TEST_PACKAGES
+narrows the package list to these four so the test does not install a Go toolchain into the rootfs.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ SCRIPT = REPO_ROOT / "scripts" / "install-test-deps.sh"
 UNITS = {
     "haproxy": ["haproxy.service"],
     "keepalived": ["keepalived.service"],
+    "openssh-server": ["ssh.service", "ssh.socket"],
     "cloud-init": [
         "cloud-init-local.service",
         "cloud-init.service",
@@ -78,28 +79,35 @@ def rootfs(tmp_path_factory) -> Path:
 
 
 def test_services_the_tests_only_run_as_programs_are_not_enabled_after_install(rootfs):
-    # A workstation: systemd, and a keepalived of its own that the script must leave as it is.
+    # A workstation: systemd, a keepalived of its own that the script must leave as it is, and no
+    # sshd (the rootfs has one: tests/test_seal_rootfs.py's INCLUDE).
     own = in_chroot(
         rootfs,
         "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-        "--no-install-recommends systemd keepalived >/dev/null",
+        "--no-install-recommends systemd keepalived >/dev/null && "
+        "DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq openssh-server >/dev/null",
     )
     assert own.returncode == 0, own.stderr[-3000:]
     assert "keepalived.service" in enabled_units(rootfs), "Debian's postinst did not enable keepalived: no baseline"
 
     result = in_chroot(
-        rootfs, "bash /tmp/install-test-deps.sh 2>&1", env="LABS_K8S_TEST_PACKAGES='haproxy keepalived cloud-init'"
+        rootfs,
+        "bash /tmp/install-test-deps.sh 2>&1",
+        env="LABS_K8S_TEST_PACKAGES='haproxy keepalived openssh-server cloud-init'",
     )
     output = result.stdout
     assert result.returncode == 0, output[-3000:] + result.stderr[-2000:]
     # Said plainly, before anything is installed.
-    notice = "install-test-deps: installing haproxy cloud-init on this machine"
+    notice = "install-test-deps: installing haproxy openssh-server cloud-init on this machine"
     assert notice in output, output[-2000:]
-    assert output.index(notice) < output.index("install-test-deps: installed haproxy cloud-init")
+    assert output.index(notice) < output.index("install-test-deps: installed haproxy openssh-server cloud-init")
 
     enabled = enabled_units(rootfs)
-    assert not enabled & {*UNITS["haproxy"], *UNITS["cloud-init"]}, sorted(enabled)
+    assert not enabled & {*UNITS["haproxy"], *UNITS["openssh-server"], *UNITS["cloud-init"]}, sorted(enabled)
     assert (rootfs / "etc" / "cloud" / "cloud-init.disabled").is_file()
+    # Debian's own switch for sshd (ssh.service's ConditionPathExists, /etc/init.d/ssh).
+    assert (rootfs / "etc" / "ssh" / "sshd_not_to_be_run").is_file()
+    assert (rootfs / "usr" / "sbin" / "sshd").exists()
     assert "keepalived.service" in enabled  # the machine's own, untouched
     # The tests still get the programs.
     assert (rootfs / "usr" / "sbin" / "haproxy").exists()
