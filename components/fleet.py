@@ -203,6 +203,8 @@ class NodeFleet(pulumi.ComponentResource):
                 after=[vm],
                 presented=pulumi.Output.all(vm.id, public_key).apply(functools.partial(_pin_of, previous, node)),
             )
+            if node.role is Role.CONTROL_PLANE:
+                self.pins.cluster_presented.append(self.host_key_steps[node.name])
             self.ready[node.name] = remote_steps.on_node(
                 f"{node.name}-ready",
                 node,

@@ -134,6 +134,11 @@ class HostPins:
     nodes: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
     cluster: pulumi.Input[str] = ""
     trigger_key: pulumi.Input[str] = ""
+    # The control planes' host-key steps, after which every control plane presents `cluster`: every
+    # step through the VIP runs after all of them (order only, no trigger). HAProxy may send a
+    # session to any healthy control plane, so after a rotation of the shared key a VIP step that
+    # ran while one of them still had the old key would fail with `ssh: host key mismatch`.
+    cluster_presented: list[pulumi.Resource] = field(default_factory=list)
 
 
 def trigger_digest(key: str, bundle: str) -> str:
@@ -400,9 +405,12 @@ class RemoteSteps:
                 else []
             )
             triggers = [stdin_hash, *upstream_ids, *step.rerun_with] if step.rerun_on_change else []
+        through_vip = (
+            [] if step.node is not None else [r for r in self._pins.cluster_presented if r not in step.order_after]
+        )
         options = pulumi.ResourceOptions(
             parent=self._parent,
-            depends_on=[*step.depends_on, *step.order_after],
+            depends_on=[*step.depends_on, *step.order_after, *through_vip],
             custom_timeouts=pulumi.CustomTimeouts(create=step.timeout, update=step.timeout, delete=step.delete_timeout),
             additional_secret_outputs=(
                 (["stderr"] if step.readable_stdout else ["stdout", "stderr"]) if handles_secrets else None

@@ -839,6 +839,20 @@ def test_every_remote_command_pins_the_host_key_its_host_was_given(offline_run):
         assert "hostKey" not in str(reg.inputs.get("connection", "")) or reg.inputs["connection"] != "[secret]"
 
 
+def test_every_step_through_the_vip_runs_after_every_control_plane_presents_the_shared_key(offline_run):
+    """HAProxy sends a VIP:2222 session to any healthy control plane: after a rotation of
+    `control-plane-host-key-seed` a VIP step must not run before each control plane's host-key step
+    installed the new key (it would meet `ssh: host key mismatch`). Order only: the host-key
+    steps' ids are in no VIP step's triggers, so a rotation re-runs none of them."""
+    host_key_steps = [offline_run.by_name(f"{n}-host-key") for n in NODES if "-m" in n]
+    assert len(host_key_steps) == 3
+    through_vip = [reg for reg in offline_run.of_type(COMMAND) if endpoint_of(reg) == CLUSTER_ENDPOINT]
+    assert {"flannel", "verify-cluster", "kubeconfig", "teardown-guard"} <= {reg.name for reg in through_vip}
+    for reg in through_vip:
+        assert {h.urn for h in host_key_steps} <= set(reg.dependencies), reg.name
+        assert not {f"{h.name}-id" for h in host_key_steps} & set(map(str, reg.plain_inputs["triggers"])), reg.name
+
+
 def test_the_operators_known_hosts_is_a_stack_output(offline_run):
     lines = offline_run.stack_outputs["sshKnownHosts"].splitlines()
     pins = {

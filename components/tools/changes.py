@@ -686,6 +686,13 @@ CHANGE_CASES: tuple[ChangeCase, ...] = (
         lambda ns: None,
         replaced={("random:index/randomId:RandomId", "labs-k8s-w01-host-key-seed"): _new_seed},
     ),
+    # The control planes' shared key on VIP:2222: each control plane installs it over its own pin;
+    # every step through the VIP is ordered after all of them (remote.HostPins.cluster_presented).
+    ChangeCase(
+        "`pulumi up --replace` of `control-plane-host-key-seed` (the VIP's shared host key)",
+        lambda ns: None,
+        replaced={("random:index/randomId:RandomId", "control-plane-host-key-seed"): _new_seed},
+    ),
     ChangeCase("`network.ntpServers`", _set("network", ntpServers=["ntp1.labs.local"])),
     ChangeCase("`network.dnsServers`", _set("network", dnsServers=["10.3.60.2"])),
     ChangeCase("`loadBalancer.advertIntSeconds` (a balancer setting)", _set("loadBalancer", advertIntSeconds=2)),
