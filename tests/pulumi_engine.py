@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from components.tools.offline import REPO_ROOT
+from components.tools.targets import layer_targets
 from tests.requirements import unavailable
 
 BUILD_SCRIPT = REPO_ROOT / "tests" / "tools" / "build_toolchain.sh"
@@ -191,8 +192,8 @@ class EngineLab:
         """`pulumi preview|up|refresh|destroy` of the workspace's program, as a user runs it: the CLI
         spawns the real Python language host, which runs `__main__.py` in the project's .venv.
 
-        `layers`: a key of LAYERS, the glob targets of those layers' resources (`--target` works
-        for every resource now that each plugin the program asks for is installed). The result's
+        `layers`: a layer of components/tools/targets.py, whose `--target` globs are passed (what
+        `make up LAYER=...` passes; the tests use `make` wherever it offers what they need). The result's
         `changes` is the engine's own summary, from its `--event-log` (the summaryEvent the
         Automation API reads too)."""
         events = self.artifacts / f"{len(self.results):02d}-events-{op}.jsonl"
@@ -215,7 +216,7 @@ class EngineLab:
             args += ["--yes", "--skip-preview"] if op == "up" else ["--yes"]
         if op in ("refresh", "destroy") and layers:
             args.append("--run-program")
-        targets = (*targets, *(t.format(stack=self.stack) for t in LAYERS.get(layers, ())))
+        targets = (*targets, *(layer_targets(self.stack, layers) if layers else ()))
         args += [f"--target={t}" for t in targets]
         if expect_no_changes:
             args.append("--expect-no-changes")
@@ -225,18 +226,25 @@ class EngineLab:
         result.events = events
         return result
 
-    def make(self, *targets: str, args: str = "", timeout: float = 900) -> Result:
+    def make(self, *targets: str, args: str = "", layer: str = "", timeout: float = 900) -> Result:
         """`make TARGET` as a user types it, with ARGS (the Makefile passes them to the CLI) holding
-        VCSIM_PARALLEL and `args`."""
-        passed = " ".join([*VCSIM_PARALLEL, args]).strip()
-        return self.run(
+        VCSIM_PARALLEL and `args`, and LAYER=`layer` when given. The engine's `--event-log` goes
+        through ARGS too (its path holds no character make or the shell would expand), so the
+        result's `changes` is the engine's own summary, as for `engine`."""
+        events = self.artifacts / f"{len(self.results):02d}-events-make-{'-'.join(targets)}.jsonl"
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        passed = " ".join([*VCSIM_PARALLEL, "--event-log", str(events), args]).strip()
+        result = self.run(
             "make-" + "-".join(targets),
             "make",
             *targets,
             f"ARGS={passed}",
+            *([f"LAYER={layer}"] if layer else []),
             timeout=timeout,
             env=self.env(STACK=self.stack),
         )
+        result.events = events
+        return result
 
     def stack_export(self) -> dict[str, Any]:
         return json.loads(self.pulumi("stack", "export", "--stack", self.stack).stdout)
@@ -257,28 +265,6 @@ class EngineLab:
 # property collector, not a limit of vCenter, which serves the provider's concurrent task waits
 # (Terraform's default parallelism is 10), so the program is not bounded; docs/testing.md says so.
 VCSIM_PARALLEL = ("--parallel", "1")
-
-# The vSphere half of the program, by layer, as `--target` globs (the engine matches `*` within and
-# `**` across URN segments: pkg/resource/deploy/target.go). `vsphere` is every resource that talks
-# to vCenter: the template layer and the fleet's VMs and DRS rules, without the remote steps.
-_LAB = "urn:pulumi:{stack}::labs-k8s::labs-k8s:lab:Lab"
-LAYERS: dict[str, tuple[str, ...]] = {
-    "template": (
-        f"{_LAB}::labs-k8s",
-        f"{_LAB}$labs-k8s:template:GoldenTemplate::template",
-        f"{_LAB}$labs-k8s:template:GoldenTemplate$**",
-    ),
-    "vsphere": (
-        f"{_LAB}::labs-k8s",
-        f"{_LAB}$labs-k8s:template:GoldenTemplate::template",
-        f"{_LAB}$labs-k8s:template:GoldenTemplate$**",
-        f"{_LAB}$labs-k8s:fleet:NodeFleet::fleet",
-        f"{_LAB}$labs-k8s:fleet:NodeFleet$vsphere:**",
-        f"{_LAB}$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:**",
-        # What the VMs' user-data is made from (the nodes' keys).
-        f"{_LAB}$labs-k8s:fleet:NodeFleet$random:**",
-    ),
-}
 
 
 def install_plugins(lab: EngineLab) -> None:

@@ -8,8 +8,9 @@ CLI spawns the language host, which runs `__main__.py` in the project's .venv; t
 provider clones, reconfigures and deletes VMs and DRS rules in vcsim; our dynamic providers build
 the template through `pulumi-resource-pulumi-python`. All of it in a network namespace of its own
 (tests/pulumi_engine.py), with vcsim and the ISO server on its loopback. What cannot run here: the
-remote steps' SSH hosts (the lab-in-a-box issue); until then the scenario runs the vSphere layers
-by `--target` (tests/pulumi_engine.py LAYERS). docs/testing.md says which proofs run where.
+remote steps' SSH hosts (the lab-in-a-box issue); until then the scenario runs the vSphere half by
+`make up LAYER=vsphere` (components/tools/targets.py: the `--target` list a user gets too).
+docs/testing.md says which proofs run where.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from tests.pulumi_engine import LAYERS, EngineLab, manifest, readme_setup, start_lab, stop_lab, toolchain_bin
+from components.tools.targets import layer_targets
+from tests.pulumi_engine import EngineLab, manifest, readme_setup, start_lab, stop_lab, toolchain_bin
 from tests.requirements import require_root, require_tool
 from tests.standin_iso import build_standin_netinst
 from tests.vcsim import vcsim_binary
@@ -226,6 +228,7 @@ def test_a_deployment_less_checkpoint_does_not_crash_the_cli(engine_lab) -> None
     checkpoint = lab.root / "backend" / ".pulumi" / "stacks" / "labs-k8s" / f"{lab.stack}.json"
     assert checkpoint.is_file(), sorted(p.name for p in checkpoint.parent.iterdir())
     checkpoint.write_text(json.dumps({"version": 3, "checkpoint": {"stack": f"organization/labs-k8s/{lab.stack}"}}))
+    # The CLI directly: make's checks read this very checkpoint first (components/tools/first_run.py).
     run = lab.engine("preview")
     assert "panic" not in run.output and "nil pointer" not in run.output, lab.transcript()
     assert run.ok, lab.transcript()
@@ -257,6 +260,8 @@ def test_a_checkpoint_torn_by_the_engines_save_is_read_again(engine_lab) -> None
 
     watcher = threading.Thread(target=tear_then_mend, daemon=True)
     watcher.start()
+    # The CLI directly: the tear is timed on this preview's own event log, from its prelude on, and
+    # make's checks read the checkpoint before it.
     run = lab.engine("preview", layers="template")
     watcher.join(timeout=30)
     assert "was saving the checkpoint" in events.read_text(), lab.transcript()
@@ -276,14 +281,14 @@ def test_the_template_layer_on_the_real_engine(engine_lab) -> None:
     lab = engine_lab()
     readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
 
-    first = lab.engine("up", layers="template")
+    first = lab.make("up", layer="template", args="--yes")
     assert first.engine_result()["ok"], lab.transcript()
     # The Lab component, the template layer's component and its dynamic resource, the stack.
     assert first.engine_result()["changes"] == {"create": 4}, lab.transcript()
     assert len(vcsim_templates(lab)) == 1
     assert_no_clear_secret(lab, first.output, "the CLI's output")
 
-    again = lab.engine("preview", layers="template", expect_no_changes=True)
+    again = lab.make("preview", layer="template", args="--expect-no-changes")
     assert again.engine_result()["ok"], f"a perpetual diff on the real engine:\n{lab.transcript()}"
 
     state = json.dumps(lab.stack_export())
@@ -302,6 +307,7 @@ def test_the_template_layer_on_the_real_engine(engine_lab) -> None:
     assert_no_clear_secret(lab, stale.output, "`make destroy`'s output")
     # What the runbook says to do: one `up` (or `pulumi refresh --run-program`) records the new
     # login; then destroy works.
+    # `pulumi refresh --run-program` itself: make has no refresh target.
     recorded = lab.engine("refresh", layers="template")
     assert recorded.engine_result()["ok"], lab.transcript()
     destroyed = lab.make("destroy")
@@ -341,7 +347,8 @@ def test_an_up_whose_cli_is_killed_mid_build_converges_after_the_printed_fix(eng
     hold.touch()
     log = lab.root / "killed-up.log"
     with log.open("w") as out:
-        targets = [f"--target={t.format(stack=lab.stack)}" for t in LAYERS["template"]]
+        # The CLI itself, not make: the test kills that very process (make would be killed instead).
+        targets = [f"--target={urn}" for urn in layer_targets(lab.stack, "template")]
         driver = subprocess.Popen(
             ["ip", "netns", "exec", lab.netns, str(lab.bin_dir / "pulumi"), "up", "--stack", lab.stack, "--yes",
              "--skip-preview", "--non-interactive", *targets],
@@ -358,6 +365,8 @@ def test_an_up_whose_cli_is_killed_mid_build_converges_after_the_printed_fix(eng
         driver.wait(timeout=60)
     hold.unlink()
 
+    # The CLI directly, as the killed run was: the lock is the CLI's to refuse (make's checks do not
+    # take it), and what it prints is what this test reads.
     locked = lab.engine("up", layers="template")
     assert not locked.engine_result()["ok"]
     assert "the stack is currently locked" in locked.output and "pulumi cancel" in locked.output, lab.transcript()
@@ -437,20 +446,21 @@ def assert_the_clones_are_what_the_plan_says(lab: EngineLab, inventory: dict[str
 
 
 def test_the_vsphere_half_up_no_change_rotation_and_destroy(engine_lab) -> None:
-    """The vSphere layers by `--target` (the remote steps need SSH hosts): the template by our
+    """`make up LAYER=vsphere` (the remote steps need SSH hosts): the template by our
     dynamic provider, seven clones and three rules by the real vSphere provider, read back from
     vcsim; a preview right after shows no change (every perpetual diff of the real provider is a
     defect); a vCenter password rotation; `make destroy` leaves vCenter and the datastore empty;
     no secret in clear in `pulumi stack export` at any point."""
     lab = engine_lab()
     readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
-    first = lab.engine("up", layers="vsphere", timeout=1200)
+    first = lab.make("up", layer="vsphere", args="--yes", timeout=1200)
     assert first.ok, lab.transcript()
+    assert first.summary().get("create", 0) >= len(NODES) + 3, lab.transcript()
     assert_no_clear_secret(lab, first.output, "the CLI's output")
     assert_no_clear_secret(lab, json.dumps(lab.stack_export()), "`pulumi stack export` after up")
     assert_the_clones_are_what_the_plan_says(lab, vcsim_inventory(lab))
 
-    again = lab.engine("preview", layers="vsphere", expect_no_changes=True)
+    again = lab.make("preview", layer="vsphere", args="--expect-no-changes")
     assert again.ok, f"a perpetual diff on the real engine:\n{lab.transcript()}"
 
     assert_the_change_table_holds_on_the_real_plan(lab)
@@ -459,7 +469,7 @@ def test_the_vsphere_half_up_no_change_rotation_and_destroy(engine_lab) -> None:
     assert lab.password_file is not None
     lab.password_file.write_text("rotated-vcenter-secret\n")
     lab.pulumi("config", "set", "--stack", lab.stack, "--secret", "vsphere:password", stdin="rotated-vcenter-secret\n")
-    recorded = lab.engine("up", layers="vsphere")
+    recorded = lab.make("up", layer="vsphere", args="--yes")
     assert recorded.ok, lab.transcript()
     assert_no_clear_secret(lab, json.dumps(lab.stack_export()), "`pulumi stack export` after the rotation")
 
@@ -473,7 +483,8 @@ def test_the_vsphere_half_up_no_change_rotation_and_destroy(engine_lab) -> None:
 
 def vm_ops(lab: EngineLab) -> dict[str, set[str]]:
     """VM name -> the ops of the real engine's plan for it (`pulumi preview --json`), vSphere layers."""
-    targets = [f"--target={t.format(stack=lab.stack)}" for t in LAYERS["vsphere"]]
+    # `pulumi preview --json` itself: make's checks print to the same stdout as the plan's JSON.
+    targets = [f"--target={urn}" for urn in layer_targets(lab.stack, "vsphere")]
     ops: dict[str, set[str]] = {}
     for step in planned(lab, *targets):
         if step["urn"].split("::")[2].endswith(VM) and step["op"] != "same":
