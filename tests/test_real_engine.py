@@ -178,6 +178,7 @@ def by_type(steps: list[dict[str, Any]], op: str | None = None) -> dict[str, lis
 
 VM = "vsphere:index/virtualMachine:VirtualMachine"
 RULE = "vsphere:index/computeClusterVmAntiAffinityRule:ComputeClusterVmAntiAffinityRule"
+TEMPLATE_RESOURCE = "pulumi-python:dynamic:Resource"
 NODES = {
     "labs-k8s-lb01",
     "labs-k8s-lb02",
@@ -205,6 +206,28 @@ def test_make_preview_of_a_new_stack_plans_the_whole_lab(engine_lab) -> None:
     assert len(creates.get(RULE, [])) == 3, creates
     assert creates.get("labs-k8s:template:GoldenTemplate") == ["template"], creates
     assert "command:remote:Command" in creates, "the remote steps are planned too"
+
+
+def test_an_untrusted_vcenter_certificate_stops_make_preview_with_the_fix(engine_lab) -> None:
+    """vcsim serves a certificate from the lab's own CA and the stack does not set
+    vsphere:allowUnverifiedSsl. Without the lab's trust store (the CA not added the runbook's way),
+    `make preview` is refused on vcsim's certificate, naming the fix; the other tests, with it,
+    pass: verification is on, and what makes them pass is the trust store."""
+    lab = engine_lab()
+    readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
+    system_bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    before = hashlib.sha256(system_bundle.read_bytes()).hexdigest()
+    assert lab.trust_store is not None
+    refused = lab.make("preview", trusted=False)
+    assert not refused.ok, lab.transcript()
+    assert "does not trust the CA that signed it" in refused.output, lab.transcript()
+    assert "docs/runbook.md#trusting-the-vcenter-certificate" in refused.output, lab.transcript()
+    assert "allowUnverifiedSsl" not in (lab.workspace / f"Pulumi.{lab.stack}.yaml").read_text()
+    # The lab's store held the CA all along, and the machine's store was never changed.
+    assert (lab.root / "pki" / "vcenter-ca.crt").read_text().strip() in (
+        lab.trust_store / "ca-certificates.crt"
+    ).read_text()
+    assert hashlib.sha256(system_bundle.read_bytes()).hexdigest() == before
 
 
 def lab_iso_sha(lab: EngineLab) -> str:
@@ -323,7 +346,8 @@ def vcsim_machines(lab: EngineLab) -> list[tuple[str, bool]]:
     script = (
         "import json\nfrom pyVmomi import vim\nfrom components import vsphere as vs\n"
         f"password = open({str(lab.password_file)!r}).read().strip()\n"
-        f"si = vs.connect({host!r}, 'labs', password, port={port}, insecure=True)\n"
+        # Verified: lab.run trusts vcsim's CA as the program does (tests/pulumi_engine.py in_lab).
+        f"si = vs.connect({host!r}, 'labs', password, port={port})\n"
         "print(json.dumps(sorted((m.name, bool(m.config.template)) for m, _ in"
         " vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, ['name']))))\n"
     )
@@ -350,8 +374,8 @@ def test_an_up_whose_cli_is_killed_mid_build_converges_after_the_printed_fix(eng
         # The CLI itself, not make: the test kills that very process (make would be killed instead).
         targets = [f"--target={urn}" for urn in layer_targets(lab.stack, "template")]
         driver = subprocess.Popen(
-            ["ip", "netns", "exec", lab.netns, str(lab.bin_dir / "pulumi"), "up", "--stack", lab.stack, "--yes",
-             "--skip-preview", "--non-interactive", *targets],
+            lab.in_lab(str(lab.bin_dir / "pulumi"), "up", "--stack", lab.stack, "--yes", "--skip-preview",
+                       "--non-interactive", *targets),
             cwd=lab.workspace, env=lab.env(), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 240
@@ -389,7 +413,7 @@ def vcsim_inventory(lab: EngineLab) -> dict[str, Any]:
 import json
 from pyVmomi import vim
 from components import vsphere as vs
-si = vs.connect({host!r}, "labs", open({str(lab.password_file)!r}).read().strip(), port={port}, insecure=True)
+si = vs.connect({host!r}, "labs", open({str(lab.password_file)!r}).read().strip(), port={port})
 machines = {{}}
 def kind(obj):
     return type(obj).__name__.rsplit(".", 1)[-1]
@@ -481,22 +505,43 @@ def test_the_vsphere_half_up_no_change_rotation_and_destroy(engine_lab) -> None:
     assert_no_clear_secret(lab, json.dumps(lab.stack_export()), "`pulumi stack export` after destroy")
 
 
-def vm_ops(lab: EngineLab) -> dict[str, set[str]]:
-    """VM name -> the ops of the real engine's plan for it (`pulumi preview --json`), vSphere layers."""
+def plan_steps(lab: EngineLab) -> list[tuple[str, str, str]]:
+    """(type, name, op) of each step of the real engine's plan for the vSphere half, in the order
+    the engine emits them, `same` left out. With --show-replacement-steps the plan lists a
+    replacement's `create-replacement` and `delete-replaced` beside its logical `replace`: the JSON
+    display shows the non-logical replacement steps only when asked (pkg/backend/display/display.go
+    shouldShow, v3.274.1), and its steps are the ResourcePreEvents in order (json.go)."""
     # `pulumi preview --json` itself: make's checks print to the same stdout as the plan's JSON.
     targets = [f"--target={urn}" for urn in layer_targets(lab.stack, "vsphere")]
+    steps = planned(lab, "--show-replacement-steps", *targets)
+    return [
+        (step["urn"].split("::")[2].rsplit("$", 1)[-1], step["urn"].rsplit("::", 1)[-1], step["op"])
+        for step in steps
+        if step["op"] != "same"
+    ]
+
+
+def vm_ops(lab: EngineLab, steps: list[tuple[str, str, str]] | None = None) -> dict[str, set[str]]:
+    """VM name -> the logical ops of the real engine's plan for it (vSphere layers)."""
     ops: dict[str, set[str]] = {}
-    for step in planned(lab, *targets):
-        if step["urn"].split("::")[2].endswith(VM) and step["op"] != "same":
-            ops.setdefault(step["urn"].rsplit("::", 1)[-1], set()).add(step["op"])
+    for kind, name, op in plan_steps(lab) if steps is None else steps:
+        if kind == VM and op not in ("create-replacement", "delete-replaced"):
+            ops.setdefault(name, set()).add(op)
     return ops
+
+
+def step_index(steps: list[tuple[str, str, str]], kind: str, name: str, op: str) -> int:
+    found = [i for i, step in enumerate(steps) if step == (kind, name, op)]
+    assert len(found) == 1, (kind, name, op, steps)
+    return found[0]
 
 
 def assert_the_change_table_holds_on_the_real_plan(lab: EngineLab) -> None:
     """docs/runbook.md "What a config change does", against the real engine's plan: an SSH public
     key rotation updates every VM's guestinfo in place; a node's address change replaces that VM
-    alone; a worker added is one clone more;
-    a worker removed is that VM deleted. Each change is undone before the next."""
+    alone, the old one deleted before the new one is created; a template input change (a new
+    Debian point release) replaces the template alone, the new one first; a worker added is one
+    clone more; a worker removed is that VM deleted. Each change is undone before the next."""
     stack = ["--stack", lab.stack]
     stack_file = lab.workspace / f"Pulumi.{lab.stack}.yaml"
     original = stack_file.read_text()
@@ -510,10 +555,34 @@ def assert_the_change_table_holds_on_the_real_plan(lab: EngineLab) -> None:
     stack_file.write_text(original)
 
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:nodes.workers.hosts[1].ip", "10.3.60.57")
-    # That VM alone is replaced (the plan's JSON names the step `replace`; that the old VM goes
-    # first is its deleteBeforeReplace option, which the mock-engine graph tests read).
-    plan = vm_ops(lab)
+    # That VM alone is replaced, the old one deleted first (same name, same folder, same address):
+    # for a delete-before-replace the engine emits delete-replaced, then replace, then
+    # create-replacement (pkg/resource/deploy/step_generator.go, the `deleteBeforeReplace` branch,
+    # v3.274.1); a create-before-delete would list create-replacement first.
+    steps = plan_steps(lab)
+    plan = vm_ops(lab, steps)
     assert plan == {"labs-k8s-w02": {"replace"}}, plan
+    deleted = step_index(steps, VM, "labs-k8s-w02", "delete-replaced")
+    created = step_index(steps, VM, "labs-k8s-w02", "create-replacement")
+    assert deleted < created, f"the new labs-k8s-w02 is created before the old one is deleted: {steps}"
+    stack_file.write_text(original)
+
+    # A new Debian point release (the runbook's row "template.isoUrl + isoSha256"): the template
+    # alone is replaced, a new one made before the old is deleted, and no clone changes (a clone
+    # is a copy: it keeps running on what it was cloned from).
+    lab.pulumi(
+        "config", "set", *stack, "--path", "labs-k8s:template.isoUrl", f"{lab.iso_url}/debian-12.13.0-amd64-netinst.iso"
+    )
+    lab.pulumi("config", "set", *stack, "--path", "labs-k8s:template.isoSha256", "ab" * 32)
+    steps = plan_steps(lab)
+    assert [(kind, name, op) for kind, name, op in steps if op == "replace"] == [
+        (TEMPLATE_RESOURCE, "golden-template", "replace")
+    ], steps
+    assert vm_ops(lab, steps) == {}, steps
+    assert step_index(steps, TEMPLATE_RESOURCE, "golden-template", "create-replacement") < step_index(
+        steps, TEMPLATE_RESOURCE, "golden-template", "delete-replaced"
+    ), f"the old template is deleted before its replacement is made: {steps}"
+    assert {op for _, _, op in steps} <= {"replace", "create-replacement", "delete-replaced"}, steps
     stack_file.write_text(original)
 
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:nodes.workers.hosts[2].name", "labs-k8s-w03")
