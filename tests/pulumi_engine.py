@@ -97,7 +97,8 @@ class Result:
         return {"ok": self.ok, "changes": self.summary()}
 
     def summary(self) -> dict[str, int]:
-        for event in self.event_log():
+        """The last summaryEvent's changes: `make up` (no --skip-preview) logs its preview's first."""
+        for event in reversed(self.event_log()):
             if "summaryEvent" in event:
                 return {op: n for op, n in (event["summaryEvent"].get("resourceChanges") or {}).items() if op != "same"}
         return {}

@@ -211,8 +211,9 @@ def test_make_preview_of_a_new_stack_plans_the_whole_lab(engine_lab) -> None:
 def test_an_untrusted_vcenter_certificate_stops_make_preview_with_the_fix(engine_lab) -> None:
     """vcsim serves a certificate from the lab's own CA and the stack does not set
     vsphere:allowUnverifiedSsl. Without the lab's trust store (the CA not added the runbook's way),
-    `make preview` is refused on vcsim's certificate, naming the fix; the other tests, with it,
-    pass: verification is on, and what makes them pass is the trust store."""
+    `make preview` is refused on vcsim's certificate by the preflight (pyvmomi), naming the fix, and
+    with preflight off by the real vSphere provider; the other tests, with the store, pass:
+    verification is on, and what makes them pass is the trust store."""
     lab = engine_lab()
     readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
     system_bundle = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -222,7 +223,16 @@ def test_an_untrusted_vcenter_certificate_stops_make_preview_with_the_fix(engine
     assert not refused.ok, lab.transcript()
     assert "does not trust the CA that signed it" in refused.output, lab.transcript()
     assert "docs/runbook.md#trusting-the-vcenter-certificate" in refused.output, lab.transcript()
-    assert "allowUnverifiedSsl" not in (lab.workspace / f"Pulumi.{lab.stack}.yaml").read_text()
+    import yaml
+
+    settings = yaml.safe_load((lab.workspace / f"Pulumi.{lab.stack}.yaml").read_text())["config"]
+    assert settings.get("vsphere:allowUnverifiedSsl") == "false", "verification is on (the example's value)"
+    # The real vSphere provider (Go) verifies too: with preflight off, the first to reach vcsim is
+    # its data source invoke (components/fleet.py get_datacenter), refused by Go's crypto/x509.
+    lab.pulumi("config", "set", "--stack", lab.stack, "--path", "labs-k8s:preflight.enabled", "false")
+    by_provider = lab.make("preview", trusted=False)
+    assert not by_provider.ok, lab.transcript()
+    assert "certificate signed by unknown authority" in by_provider.output, lab.transcript()
     # The lab's store held the CA all along, and the machine's store was never changed.
     assert (lab.root / "pki" / "vcenter-ca.crt").read_text().strip() in (
         lab.trust_store / "ca-certificates.crt"
