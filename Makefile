@@ -10,6 +10,12 @@ SHELL := bash
 STACK ?=
 # Passed to the Pulumi CLI by up, preview and destroy: ARGS='--yes', '--target URN', '--parallel 4'.
 ARGS ?=
+# LAYER=vsphere (the template, the VMs and the DRS rules, no remote step over SSH) or LAYER=template:
+# up or preview only that part, e.g. a first run against a new vCenter before the nodes are
+# reachable. Its `--target` URNs (python -m components targets, components/tools/targets.py) hold
+# `$` and `*`, which make and the shell would expand in ARGS='--target ...': they are read into a
+# bash array and passed quoted, so neither expansion, globbing nor word splitting touches them.
+LAYER ?=
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -26,6 +32,8 @@ help:
 	@echo "              these three need STACK=<site> or export STACK (README, \"Your first lab\", step 3);"
 	@echo "              ARGS='...' is passed to the Pulumi CLI: make up ARGS='--yes --parallel 4',"
 	@echo "              ARGS='--target URN', ARGS='--replace URN'"
+	@echo "              LAYER=vsphere: up or preview the vSphere half only (the template, the VMs and the"
+	@echo "              DRS rules, no step over SSH); LAYER=template: the golden template alone"
 	@echo "make render   offline: plan.json, graph.mmd and every file pushed to a machine, into render/"
 	@echo "make test     create the virtualenv, install what the tests need, run the whole suite"
 	@echo "make lint     ruff (lint and format), mypy, the import contracts and shellcheck"
@@ -50,6 +58,15 @@ venv-dev: $(VENV)/.dev
 # the lab's key (pulumi-command 1.2.1 remote/connection.go SShConfig). The steps use labs-k8s:sshPrivateKey only.
 NO_AGENT := env -u SSH_AUTH_SOCK
 
+# The start of up's and preview's last line: `layer_targets`, a bash array of `--target=URN`, one
+# per line the targets command prints (empty without LAYER). An assignment's status is its command
+# substitution's, so a wrong LAYER stops the recipe (-e) with the targets command's message.
+LAYER_TARGETS = layer_targets=(); if [ -n '$(LAYER)' ]; then \
+  urns=$$($(PY) -m components targets --stack '$(STACK)' '$(LAYER)'); \
+  while read -r urn; do layer_targets+=("--target=$$urn"); done <<< "$$urns"; fi;
+# A wrong LAYER is refused before the checks, which may create the stack.
+LAYER_KNOWN = @[ -z '$(LAYER)' ] || $(PY) -m components targets --stack '$(STACK)' '$(LAYER)' >/dev/null
+
 # Before the virtualenv and the CLI: which stack (no default, see STACK above).
 stack-named:
 	@if [ -z "$(STACK)" ]; then \
@@ -64,18 +81,23 @@ stack-named:
 # stack exist (up/preview create it, destroy never does), are its settings complete
 # (components/tools/first_run.py). Each problem comes with the command that fixes it.
 up: stack-named venv
+	$(LAYER_KNOWN)
 	$(PY) -m components check --stack $(STACK) --for up
-	$(NO_AGENT) pulumi up --stack $(STACK) $(ARGS)
+	$(LAYER_TARGETS) $(NO_AGENT) pulumi up --stack $(STACK) "$${layer_targets[@]}" $(ARGS)
 
 preview: stack-named venv
+	$(LAYER_KNOWN)
 	$(PY) -m components check --stack $(STACK) --for preview
-	$(NO_AGENT) pulumi preview --stack $(STACK) --diff $(ARGS)
+	$(LAYER_TARGETS) $(NO_AGENT) pulumi preview --stack $(STACK) --diff "$${layer_targets[@]}" $(ARGS)
 
 # --refresh: `pulumi destroy` alone trusts the state, and the vSphere provider's delete of a VM that
 # is already gone from vCenter fails ("cannot locate virtual machine with UUID"), while its read
 # marks such a VM gone (terraform-provider-vsphere resourceVSphereVirtualMachineDelete / Read,
 # virtualmachine.UUIDNotFoundError). Reading first lets a destroy finish with a node already gone.
 destroy: stack-named venv
+	@if [ -n '$(LAYER)' ]; then \
+	  echo "make destroy: LAYER is for up and preview; destroy removes every resource of the stack" >&2; \
+	  echo "  (one resource: make destroy ARGS='--target URN')" >&2; exit 2; fi
 	$(PY) -m components check --stack $(STACK) --for destroy
 	$(NO_AGENT) pulumi destroy --stack $(STACK) --refresh $(ARGS)
 

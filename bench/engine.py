@@ -5,11 +5,11 @@ Prints:
 - the toolchain build: warm (nothing to rebuild), and cold with `--cold` (an empty Go build
   cache of its own: about 10 minutes on 2 cores, so it is opt-in);
 - for the default lab and for 10 workers, on the real CLI, language host and plugins against
-  vcsim: `make preview` of a new stack; `up` of the vSphere half from empty (the template built
+  vcsim: `make preview` of a new stack; `make up LAYER=vsphere` from empty (the template built
   once, then reused: the second lab's template comes from the same vcsim only in the first lab, so
   each lab builds its own, which is seconds with the stand-in ISO), and the engine's own share of
   it (wall time minus the time inside provider calls, from the `--event-log`'s resourcePreEvent ->
-  resOutputsEvent pairs); a no-change `preview` of the vSphere half (goal: under 60 s for the
+  resOutputsEvent pairs); a no-change `make preview LAYER=vsphere` (goal: under 60 s for the
   default lab).
 
     sudo .venv/bin/python bench/engine.py [--cold]
@@ -112,18 +112,18 @@ def main() -> int:
                 assert made.ok, made.output[-3000:]
                 print(f"{label}: make preview of a new stack: {time.monotonic() - started:.1f} s")
                 started = time.monotonic()
-                up = lab.engine("up", layers="vsphere", timeout=1800)
+                up = lab.make("up", layer="vsphere", args="--yes", timeout=1800)
                 wall = time.monotonic() - started
                 assert up.ok, up.output[-3000:]
                 inside = provider_seconds(up.event_log())
                 print(
-                    f"{label}: up of the vSphere half from empty: {wall:.1f} s,"
+                    f"{label}: make up LAYER=vsphere from empty: {wall:.1f} s,"
                     f" the engine's own share {wall - inside:.1f} s",
                 )
                 started = time.monotonic()
-                again = lab.engine("preview", layers="vsphere", expect_no_changes=True)
+                again = lab.make("preview", layer="vsphere", args="--expect-no-changes")
                 assert again.ok, again.output[-3000:]
-                print(f"{label}: preview of the vSphere half, no change: {time.monotonic() - started:.1f} s")
+                print(f"{label}: make preview LAYER=vsphere, no change: {time.monotonic() - started:.1f} s")
             finally:
                 stop_lab(lab)
     return 0

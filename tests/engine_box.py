@@ -3,7 +3,9 @@
 Started inside the namespace (`ip netns exec NS python -m tests.engine_box ...`), it runs:
 - vcsim (tests/tools/build_vcsim.sh's binary) on the namespace's loopback, with the seed's
   inventory (one DRS cluster of three hosts, a shared datastore, the port group) and the lab's VM
-  folder, its password read from a file at every login (so a test can rotate it);
+  folder, its password read from a file at every login (so a test can rotate it), serving a
+  certificate from the lab's own CA (--tls-cert/--tls-key), which the lab's commands trust the
+  runbook's way (tests/pulumi_engine.py);
 - an HTTP server on the namespace's loopback for the stand-in netinst ISO
   (labs-k8s:template.isoUrl points at it);
 - the installer's last step: vcsim runs no guest, so a running builder VM is powered off once
@@ -32,11 +34,14 @@ from pyVmomi import vim, vmodl
 from components import vsphere as vs
 
 
-def start_vcsim(binary: str, user: str, password_file: Path) -> tuple[subprocess.Popen[str], str, int]:
+def start_vcsim(
+    binary: str, user: str, password_file: Path, tls: tuple[Path, Path]
+) -> tuple[subprocess.Popen[str], str, int]:
     password = password_file.read_text().strip()
     proc = subprocess.Popen(
         [binary, "-l", "127.0.0.1:0", "-username", user, "-password", password,
-         "-dc", "1", "-cluster", "1", "-host", "3", "-vm", "0", "-ds", "1", "-pg", "1"],
+         "-dc", "1", "-cluster", "1", "-host", "3", "-vm", "0", "-ds", "1", "-pg", "1",
+         "-tlscert", str(tls[0]), "-tlskey", str(tls[1])],
         # vcsim's own log (a panic's stack among it) beside the box's, kept with the artifacts.
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(password_file.parent / "vcsim.log", "w"),  # noqa: SIM115
         text=True,
@@ -74,6 +79,8 @@ def play_installer(host: str, port: int, user: str, password_file: Path, stop: t
             continue
         try:
             if si is None:
+                # Unverified on purpose: this is the harness playing the installer (the box runs
+                # outside the lab's trust store); the program and the provider verify vcsim.
                 si = vs.connect(host, user, password_file.read_text().strip(), port=port, insecure=True)
             for machine, _ in vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, ["name"]):
                 try:
@@ -93,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--password-file", type=Path, required=True)
     parser.add_argument("--iso-dir", type=Path, required=True)
     parser.add_argument("--folder", required=True)
+    parser.add_argument("--tls-cert", type=Path, required=True, help="vcsim's certificate (the lab's CA signed it)")
+    parser.add_argument("--tls-key", type=Path, required=True)
     args = parser.parse_args(argv)
 
-    vcsim, host, port = start_vcsim(args.vcsim, args.user, args.password_file)
+    vcsim, host, port = start_vcsim(args.vcsim, args.user, args.password_file, (args.tls_cert, args.tls_key))
+    # The harness's own set-up connection: unverified, as in play_installer.
     si = vs.connect(host, args.user, args.password_file.read_text().strip(), port=port, insecure=True)
     vs.find_datacenter(si, "DC0").vmFolder.CreateFolder(args.folder)
     vs.disconnect(si)

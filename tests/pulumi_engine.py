@@ -10,7 +10,11 @@ modules. `EngineLab` is one user's machine as the README sets it up:
   power-off (tests/engine_box.py): every CLI, provider and program process runs inside it, so the
   run is offline by construction, and the CLI is also told never to fetch anything
   (PULUMI_SKIP_UPDATE_CHECK, PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION,
-  PULUMI_DISABLE_REGISTRY_RESOLVE).
+  PULUMI_DISABLE_REGISTRY_RESOLVE);
+- vcsim's certificate, from a CA of the lab's own, trusted the runbook's way ("Trusting the vCenter
+  certificate": the CA into the local CA directory, `update-ca-certificates`), into a trust store of
+  the lab's (`trust_store`), which each command sees at /etc/ssl/certs through a bind mount in its
+  own mount namespace: the machine's store is never touched.
 Every command's output is appended to `artifacts/NN-name.log` under the lab's directory, and
 `EngineLab.transcript()` is added to failure messages.
 """
@@ -28,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from components.tools.offline import REPO_ROOT
+from components.tools.targets import layer_targets
 from tests.requirements import unavailable
+from tests.vcenter_pki import make_vcenter_pki
 
 BUILD_SCRIPT = REPO_ROOT / "tests" / "tools" / "build_toolchain.sh"
 MANIFEST = REPO_ROOT / "tests" / "tools" / "toolchain" / "manifest.json"
@@ -91,7 +97,8 @@ class Result:
         return {"ok": self.ok, "changes": self.summary()}
 
     def summary(self) -> dict[str, int]:
-        for event in self.event_log():
+        """The last summaryEvent's changes: `make up` (no --skip-preview) logs its preview's first."""
+        for event in reversed(self.event_log()):
             if "summaryEvent" in event:
                 return {op: n for op, n in (event["summaryEvent"].get("resourceChanges") or {}).items() if op != "same"}
         return {}
@@ -113,6 +120,8 @@ class EngineLab:
     vcsim: str = ""
     iso_url: str = ""
     password_file: Path | None = None
+    # The lab's /etc/ssl/certs (lab_trust_store): the system CAs and the lab's vCenter CA.
+    trust_store: Path | None = None
 
     @property
     def workspace(self) -> Path:
@@ -145,16 +154,33 @@ class EngineLab:
             env["CI"] = os.environ["CI"]
         return env
 
+    def in_lab(self, *cmd: str, trusted: bool = True) -> list[str]:
+        """`cmd` inside the namespace, and (`trusted`) with the lab's trust store over /etc/ssl/certs.
+        `ip netns exec` runs each command in a mount namespace of its own, its mounts slaved to the
+        machine's (iproute2 lib/namespace.c netns_switch: unshare(CLONE_NEWNS), then / remounted
+        MS_SLAVE|MS_REC), so the bind mount is seen by that command and its children only (the CLI,
+        the language host, the plugins, the program) and never propagates to the machine."""
+        if not trusted or self.trust_store is None:
+            return ["ip", "netns", "exec", self.netns, *cmd]
+        mount = 'mount --bind "$1" /etc/ssl/certs && shift && exec "$@"'
+        return ["ip", "netns", "exec", self.netns, "sh", "-c", mount, "sh", str(self.trust_store), *cmd]
+
     def run(
-        self, name: str, *cmd: str, stdin: str | None = None, timeout: float = 600, env: dict[str, str] | None = None
+        self,
+        name: str,
+        *cmd: str,
+        stdin: str | None = None,
+        timeout: float = 600,
+        env: dict[str, str] | None = None,
+        trusted: bool = True,
     ) -> Result:
-        """`cmd` inside the namespace, from the workspace; output kept as an artifact."""
+        """`cmd` inside the namespace (`in_lab`), from the workspace; output kept as an artifact."""
         self.artifacts.mkdir(parents=True, exist_ok=True)
         log = self.artifacts / f"{len(self.results):02d}-{name}.log"
         started = time.monotonic()
         try:
             proc = subprocess.run(
-                ["ip", "netns", "exec", self.netns, *cmd],
+                self.in_lab(*cmd, trusted=trusted),
                 cwd=self.workspace,
                 env=env or self.env(),
                 input=stdin,
@@ -191,8 +217,8 @@ class EngineLab:
         """`pulumi preview|up|refresh|destroy` of the workspace's program, as a user runs it: the CLI
         spawns the real Python language host, which runs `__main__.py` in the project's .venv.
 
-        `layers`: a key of LAYERS, the glob targets of those layers' resources (`--target` works
-        for every resource now that each plugin the program asks for is installed). The result's
+        `layers`: a layer of components/tools/targets.py, whose `--target` globs are passed (what
+        `make up LAYER=...` passes; the tests use `make` wherever it offers what they need). The result's
         `changes` is the engine's own summary, from its `--event-log` (the summaryEvent the
         Automation API reads too)."""
         events = self.artifacts / f"{len(self.results):02d}-events-{op}.jsonl"
@@ -215,7 +241,7 @@ class EngineLab:
             args += ["--yes", "--skip-preview"] if op == "up" else ["--yes"]
         if op in ("refresh", "destroy") and layers:
             args.append("--run-program")
-        targets = (*targets, *(t.format(stack=self.stack) for t in LAYERS.get(layers, ())))
+        targets = (*targets, *(layer_targets(self.stack, layers) if layers else ()))
         args += [f"--target={t}" for t in targets]
         if expect_no_changes:
             args.append("--expect-no-changes")
@@ -225,18 +251,28 @@ class EngineLab:
         result.events = events
         return result
 
-    def make(self, *targets: str, args: str = "", timeout: float = 900) -> Result:
+    def make(
+        self, *targets: str, args: str = "", layer: str = "", timeout: float = 900, trusted: bool = True
+    ) -> Result:
         """`make TARGET` as a user types it, with ARGS (the Makefile passes them to the CLI) holding
-        VCSIM_PARALLEL and `args`."""
-        passed = " ".join([*VCSIM_PARALLEL, args]).strip()
-        return self.run(
+        VCSIM_PARALLEL and `args`, and LAYER=`layer` when given. The engine's `--event-log` goes
+        through ARGS too (its path holds no character make or the shell would expand), so the
+        result's `changes` is the engine's own summary, as for `engine`."""
+        events = self.artifacts / f"{len(self.results):02d}-events-make-{'-'.join(targets)}.jsonl"
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        passed = " ".join([*VCSIM_PARALLEL, "--event-log", str(events), args]).strip()
+        result = self.run(
             "make-" + "-".join(targets),
             "make",
             *targets,
             f"ARGS={passed}",
+            *([f"LAYER={layer}"] if layer else []),
             timeout=timeout,
             env=self.env(STACK=self.stack),
+            trusted=trusted,
         )
+        result.events = events
+        return result
 
     def stack_export(self) -> dict[str, Any]:
         return json.loads(self.pulumi("stack", "export", "--stack", self.stack).stdout)
@@ -257,28 +293,6 @@ class EngineLab:
 # property collector, not a limit of vCenter, which serves the provider's concurrent task waits
 # (Terraform's default parallelism is 10), so the program is not bounded; docs/testing.md says so.
 VCSIM_PARALLEL = ("--parallel", "1")
-
-# The vSphere half of the program, by layer, as `--target` globs (the engine matches `*` within and
-# `**` across URN segments: pkg/resource/deploy/target.go). `vsphere` is every resource that talks
-# to vCenter: the template layer and the fleet's VMs and DRS rules, without the remote steps.
-_LAB = "urn:pulumi:{stack}::labs-k8s::labs-k8s:lab:Lab"
-LAYERS: dict[str, tuple[str, ...]] = {
-    "template": (
-        f"{_LAB}::labs-k8s",
-        f"{_LAB}$labs-k8s:template:GoldenTemplate::template",
-        f"{_LAB}$labs-k8s:template:GoldenTemplate$**",
-    ),
-    "vsphere": (
-        f"{_LAB}::labs-k8s",
-        f"{_LAB}$labs-k8s:template:GoldenTemplate::template",
-        f"{_LAB}$labs-k8s:template:GoldenTemplate$**",
-        f"{_LAB}$labs-k8s:fleet:NodeFleet::fleet",
-        f"{_LAB}$labs-k8s:fleet:NodeFleet$vsphere:**",
-        f"{_LAB}$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:**",
-        # What the VMs' user-data is made from (the nodes' keys).
-        f"{_LAB}$labs-k8s:fleet:NodeFleet$random:**",
-    ),
-}
 
 
 def install_plugins(lab: EngineLab) -> None:
@@ -305,10 +319,13 @@ def start_lab(root: Path, vcsim_binary: str, iso_dir: Path, stack: str = "mysite
     install_plugins(lab)
     lab.password_file = root / "vcenter-password"
     lab.password_file.write_text("labs-secret\n")
+    pki = make_vcenter_pki(root / "pki")
+    lab.trust_store = lab_trust_store(root / "trust", pki["ca"])
     lab.box = subprocess.Popen(
         ["ip", "netns", "exec", netns, str(lab.workspace / ".venv" / "bin" / "python"), "-m", "tests.engine_box",
          "--vcsim", vcsim_binary, "--user", "labs", "--password-file", str(lab.password_file),
-         "--iso-dir", str(iso_dir), "--folder", "labs-k8s"],
+         "--iso-dir", str(iso_dir), "--folder", "labs-k8s",
+         "--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"])],
         cwd=lab.workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(root / "box.log", "w"),  # noqa: SIM115
         text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(root / "home")},
     )  # fmt: skip
@@ -320,6 +337,30 @@ def start_lab(root: Path, vcsim_binary: str, iso_dir: Path, stack: str = "mysite
     box = json.loads(line.removeprefix("BOX "))
     lab.vcsim, lab.iso_url = box["vcsim"], box["iso_url"]
     return lab
+
+
+def lab_trust_store(trust: Path, ca: Path) -> Path:
+    """docs/runbook.md "Trusting the vCenter certificate" on Debian, into the lab's directories
+    instead of the machine's: the CA into a local CA directory (the runbook's
+    /usr/local/share/ca-certificates), then `update-ca-certificates` with --localcertsdir and
+    --etccertsdir pointing there, on a copy of the machine's /etc/ssl/certs (what the runbook's
+    command starts from), so the bundle is the system CAs plus the lab's. --hooksdir names a
+    directory that does not exist: the packages' hooks (ca-certificates-java's) would record the
+    change for the machine (/usr/sbin/update-ca-certificates runs hooks only `if [ -d "$HOOKSDIR" ]`).
+    Returns the lab's /etc/ssl/certs."""
+    local = trust / "local-ca-certificates"
+    etc_certs = trust / "etc-ssl-certs"
+    local.mkdir(parents=True)
+    shutil.copy2(ca, local / "labs-k8s-vcenter-ca.crt")
+    subprocess.run(["cp", "-a", "/etc/ssl/certs", str(etc_certs)], check=True)
+    subprocess.run(
+        ["update-ca-certificates", "--localcertsdir", str(local), "--etccertsdir", str(etc_certs),
+         "--hooksdir", str(trust / "no-hooks")],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    bundle = (etc_certs / "ca-certificates.crt").read_text()
+    assert ca.read_text().strip() in bundle, "update-ca-certificates left the lab's CA out of the bundle"
+    return etc_certs
 
 
 def stop_lab(lab: EngineLab) -> None:
@@ -352,9 +393,8 @@ def readme_setup(lab: EngineLab, iso_sha256: str, iso_name: str) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "labs-k8s", "-f", str(key)], check=True)
     lab.pulumi("config", "set", *stack, "--secret", "labs-k8s:sshPrivateKey", stdin=key.read_text())
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:ssh.publicKey", key.with_suffix(".pub").read_text().strip())
-    # vcsim's certificate is self-signed and made at each start: the documented alternative to
-    # trusting a CA (docs/runbook.md, "Trusting the vCenter certificate").
-    lab.pulumi("config", "set", *stack, "vsphere:allowUnverifiedSsl", "true")
+    # vcsim's certificate is trusted the README's way (step 5: its CA in the system store, runbook
+    # "Trusting the vCenter certificate"): start_lab's trust store. No vsphere:allowUnverifiedSsl.
     site = {
         "vsphere.datacenter": "DC0",
         "vsphere.computeCluster": "DC0_C0",

@@ -54,9 +54,13 @@ def test_make_up_runs_pulumi_up_on_the_stack_it_is_given():
     assert re.search(r"^up: stack-named venv$", makefile, flags=re.M)
     # Its recipe's last line hands over to the CLI (after the checks of components/tools/first_run.py).
     # (without SSH_AUTH_SOCK: a stale agent socket fails every remote step, tests/test_first_install.py)
-    # ARGS (empty unless given) passes --yes, --target, --replace or --parallel through (issue 33).
+    # ARGS (empty unless given) passes --yes, --target, --replace or --parallel through (issue 33),
+    # after LAYER's targets (empty unless LAYER is given: tests/test_first_install.py).
     assert re.search(
-        r"^up: .*\n(?:\t.*\n)*?\t\$\(NO_AGENT\) pulumi up --stack \$\(STACK\) \$\(ARGS\)$", makefile, flags=re.M
+        r"^up: .*\n(?:\t.*\n)*?\t\$\(LAYER_TARGETS\) \$\(NO_AGENT\) pulumi up --stack \$\(STACK\) "
+        r'"\$\$\{layer_targets\[@\]\}" \$\(ARGS\)$',
+        makefile,
+        flags=re.M,
     )
 
 

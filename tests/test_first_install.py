@@ -313,6 +313,63 @@ def test_args_reach_the_pulumi_cli_and_make_help_says_how(sandbox):
     assert "root" in next(line for line in shown.splitlines() if line.startswith("make bench"))
 
 
+@pytest.mark.parametrize("target", ["up", "preview"])
+def test_layer_hands_the_layers_targets_to_the_cli_untouched(sandbox, target):
+    """`make up LAYER=vsphere`: the vSphere half's `--target` URNs hold `$` and `*`. Each reaches the
+    CLI as one argument, exactly as `python -m components targets` prints it: make did not take
+    `$l...` for a variable, the shell neither expanded `$labs` nor globbed `**` against the files
+    of the checkout (made here to match), and ARGS still comes last."""
+    from components.tools.targets import layer_targets
+
+    ready_stack(sandbox)
+    expected = [f"--target={urn}" for urn in layer_targets(STACK, "vsphere")]
+    for urn in layer_targets(STACK, "vsphere"):  # what an unquoted `...$vsphere:**` would glob to
+        (sandbox.repo / urn.replace("**", "bait")).touch()
+    made = sandbox.make(target, f"STACK={STACK}", "LAYER=vsphere", "ARGS=--yes", labs="EXPANDED")
+    assert made.returncode == 0, made.stderr
+    assert any("$" in t and "**" in t for t in expected), "the case this test is about"
+    call = sandbox.calls()[-1]
+    assert call[call.index("--stack") + 1] == STACK
+    assert [a for a in call if a.startswith("--target")] == expected, call
+    assert call[-1] == "--yes"
+    # Without LAYER, no target at all (the whole lab).
+    assert sandbox.make(target, f"STACK={STACK}").returncode == 0
+    assert not [a for a in sandbox.calls()[-1] if a.startswith("--target")]
+
+
+def test_a_wrong_layer_is_refused_naming_layer_and_the_choices(sandbox):
+    ready_stack(sandbox)
+    before = len(sandbox.calls())
+    made = sandbox.make("up", f"STACK={STACK}", "LAYER=vshpere")
+    assert made.returncode != 0
+    assert "LAYER='vshpere' is not a layer of this program; LAYER is one of: template, vsphere" in made.stderr
+    assert len(sandbox.calls()) == before, "refused before the CLI ran at all"
+    refused = sandbox.make("destroy", f"STACK={STACK}", "LAYER=vsphere")
+    assert refused.returncode != 0 and "LAYER is for up and preview" in refused.stderr
+    assert len(sandbox.calls()) == before
+
+
+def test_the_targets_command_prints_one_urn_a_line_or_names_the_choices():
+    from components.tools import targets
+
+    printed = subprocess.run(
+        [sys.executable, "-m", "components", "targets", "--stack", "berlin", "template"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.splitlines() == targets.layer_targets("berlin", "template")
+    assert printed.stdout.splitlines()[0] == "urn:pulumi:berlin::labs-k8s::labs-k8s:lab:Lab::labs-k8s"
+    # The template layer is within the vSphere half; the vSphere half has no remote step.
+    assert set(targets.LAYERS["template"]) < set(targets.LAYERS["vsphere"])
+    assert not [t for t in targets.LAYERS["vsphere"] if "command:" in t or t.endswith("Lab$**")]
+    wrong = subprocess.run(
+        [sys.executable, "-m", "components", "targets", "--stack", "berlin", "k8s"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert "LAYER='k8s' is not a layer of this program; LAYER is one of: template, vsphere" in wrong.stderr
+
+
 def test_a_complete_stack_reaches_pulumi_up(sandbox):
     ready_stack(sandbox)
     result = sandbox.make("up", f"STACK={STACK}")

@@ -8,8 +8,9 @@ CLI spawns the language host, which runs `__main__.py` in the project's .venv; t
 provider clones, reconfigures and deletes VMs and DRS rules in vcsim; our dynamic providers build
 the template through `pulumi-resource-pulumi-python`. All of it in a network namespace of its own
 (tests/pulumi_engine.py), with vcsim and the ISO server on its loopback. What cannot run here: the
-remote steps' SSH hosts (the lab-in-a-box issue); until then the scenario runs the vSphere layers
-by `--target` (tests/pulumi_engine.py LAYERS). docs/testing.md says which proofs run where.
+remote steps' SSH hosts (the lab-in-a-box issue); until then the scenario runs the vSphere half by
+`make up LAYER=vsphere` (components/tools/targets.py: the `--target` list a user gets too).
+docs/testing.md says which proofs run where.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from tests.pulumi_engine import LAYERS, EngineLab, manifest, readme_setup, start_lab, stop_lab, toolchain_bin
+from components.tools.targets import layer_targets
+from tests.pulumi_engine import EngineLab, manifest, readme_setup, start_lab, stop_lab, toolchain_bin
 from tests.requirements import require_root, require_tool
 from tests.standin_iso import build_standin_netinst
 from tests.vcsim import vcsim_binary
@@ -176,6 +178,7 @@ def by_type(steps: list[dict[str, Any]], op: str | None = None) -> dict[str, lis
 
 VM = "vsphere:index/virtualMachine:VirtualMachine"
 RULE = "vsphere:index/computeClusterVmAntiAffinityRule:ComputeClusterVmAntiAffinityRule"
+TEMPLATE_RESOURCE = "pulumi-python:dynamic:Resource"
 NODES = {
     "labs-k8s-lb01",
     "labs-k8s-lb02",
@@ -205,6 +208,38 @@ def test_make_preview_of_a_new_stack_plans_the_whole_lab(engine_lab) -> None:
     assert "command:remote:Command" in creates, "the remote steps are planned too"
 
 
+def test_an_untrusted_vcenter_certificate_stops_make_preview_with_the_fix(engine_lab) -> None:
+    """vcsim serves a certificate from the lab's own CA and the stack does not set
+    vsphere:allowUnverifiedSsl. Without the lab's trust store (the CA not added the runbook's way),
+    `make preview` is refused on vcsim's certificate by the preflight (pyvmomi), naming the fix, and
+    with preflight off by the real vSphere provider; the other tests, with the store, pass:
+    verification is on, and what makes them pass is the trust store."""
+    lab = engine_lab()
+    readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
+    system_bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    before = hashlib.sha256(system_bundle.read_bytes()).hexdigest()
+    assert lab.trust_store is not None
+    refused = lab.make("preview", trusted=False)
+    assert not refused.ok, lab.transcript()
+    assert "does not trust the CA that signed it" in refused.output, lab.transcript()
+    assert "docs/runbook.md#trusting-the-vcenter-certificate" in refused.output, lab.transcript()
+    import yaml
+
+    settings = yaml.safe_load((lab.workspace / f"Pulumi.{lab.stack}.yaml").read_text())["config"]
+    assert settings.get("vsphere:allowUnverifiedSsl") == "false", "verification is on (the example's value)"
+    # The real vSphere provider (Go) verifies too: with preflight off, the first to reach vcsim is
+    # its data source invoke (components/fleet.py get_datacenter), refused by Go's crypto/x509.
+    lab.pulumi("config", "set", "--stack", lab.stack, "--path", "labs-k8s:preflight.enabled", "false")
+    by_provider = lab.make("preview", trusted=False)
+    assert not by_provider.ok, lab.transcript()
+    assert "certificate signed by unknown authority" in by_provider.output, lab.transcript()
+    # The lab's store held the CA all along, and the machine's store was never changed.
+    assert (lab.root / "pki" / "vcenter-ca.crt").read_text().strip() in (
+        lab.trust_store / "ca-certificates.crt"
+    ).read_text()
+    assert hashlib.sha256(system_bundle.read_bytes()).hexdigest() == before
+
+
 def lab_iso_sha(lab: EngineLab) -> str:
     del lab
     return _ISO_SHA[0]
@@ -226,6 +261,7 @@ def test_a_deployment_less_checkpoint_does_not_crash_the_cli(engine_lab) -> None
     checkpoint = lab.root / "backend" / ".pulumi" / "stacks" / "labs-k8s" / f"{lab.stack}.json"
     assert checkpoint.is_file(), sorted(p.name for p in checkpoint.parent.iterdir())
     checkpoint.write_text(json.dumps({"version": 3, "checkpoint": {"stack": f"organization/labs-k8s/{lab.stack}"}}))
+    # The CLI directly: make's checks read this very checkpoint first (components/tools/first_run.py).
     run = lab.engine("preview")
     assert "panic" not in run.output and "nil pointer" not in run.output, lab.transcript()
     assert run.ok, lab.transcript()
@@ -257,6 +293,8 @@ def test_a_checkpoint_torn_by_the_engines_save_is_read_again(engine_lab) -> None
 
     watcher = threading.Thread(target=tear_then_mend, daemon=True)
     watcher.start()
+    # The CLI directly: the tear is timed on this preview's own event log, from its prelude on, and
+    # make's checks read the checkpoint before it.
     run = lab.engine("preview", layers="template")
     watcher.join(timeout=30)
     assert "was saving the checkpoint" in events.read_text(), lab.transcript()
@@ -276,14 +314,16 @@ def test_the_template_layer_on_the_real_engine(engine_lab) -> None:
     lab = engine_lab()
     readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
 
-    first = lab.engine("up", layers="template")
+    first = lab.make("up", layer="template", args="--yes")
     assert first.engine_result()["ok"], lab.transcript()
-    # The Lab component, the template layer's component and its dynamic resource, the stack.
-    assert first.engine_result()["changes"] == {"create": 4}, lab.transcript()
+    # The Lab component, the template layer's component and its dynamic resource; the stack itself
+    # came with make up's check, the initial deployment of a self-managed backend's new stack
+    # (components/tools/first_run.py initial_deployment).
+    assert first.engine_result()["changes"] == {"create": 3}, lab.transcript()
     assert len(vcsim_templates(lab)) == 1
     assert_no_clear_secret(lab, first.output, "the CLI's output")
 
-    again = lab.engine("preview", layers="template", expect_no_changes=True)
+    again = lab.make("preview", layer="template", args="--expect-no-changes")
     assert again.engine_result()["ok"], f"a perpetual diff on the real engine:\n{lab.transcript()}"
 
     state = json.dumps(lab.stack_export())
@@ -302,6 +342,7 @@ def test_the_template_layer_on_the_real_engine(engine_lab) -> None:
     assert_no_clear_secret(lab, stale.output, "`make destroy`'s output")
     # What the runbook says to do: one `up` (or `pulumi refresh --run-program`) records the new
     # login; then destroy works.
+    # `pulumi refresh --run-program` itself: make has no refresh target.
     recorded = lab.engine("refresh", layers="template")
     assert recorded.engine_result()["ok"], lab.transcript()
     destroyed = lab.make("destroy")
@@ -317,7 +358,8 @@ def vcsim_machines(lab: EngineLab) -> list[tuple[str, bool]]:
     script = (
         "import json\nfrom pyVmomi import vim\nfrom components import vsphere as vs\n"
         f"password = open({str(lab.password_file)!r}).read().strip()\n"
-        f"si = vs.connect({host!r}, 'labs', password, port={port}, insecure=True)\n"
+        # Verified: lab.run trusts vcsim's CA as the program does (tests/pulumi_engine.py in_lab).
+        f"si = vs.connect({host!r}, 'labs', password, port={port})\n"
         "print(json.dumps(sorted((m.name, bool(m.config.template)) for m, _ in"
         " vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, ['name']))))\n"
     )
@@ -341,10 +383,11 @@ def test_an_up_whose_cli_is_killed_mid_build_converges_after_the_printed_fix(eng
     hold.touch()
     log = lab.root / "killed-up.log"
     with log.open("w") as out:
-        targets = [f"--target={t.format(stack=lab.stack)}" for t in LAYERS["template"]]
+        # The CLI itself, not make: the test kills that very process (make would be killed instead).
+        targets = [f"--target={urn}" for urn in layer_targets(lab.stack, "template")]
         driver = subprocess.Popen(
-            ["ip", "netns", "exec", lab.netns, str(lab.bin_dir / "pulumi"), "up", "--stack", lab.stack, "--yes",
-             "--skip-preview", "--non-interactive", *targets],
+            lab.in_lab(str(lab.bin_dir / "pulumi"), "up", "--stack", lab.stack, "--yes", "--skip-preview",
+                       "--non-interactive", *targets),
             cwd=lab.workspace, env=lab.env(), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 240
@@ -358,6 +401,8 @@ def test_an_up_whose_cli_is_killed_mid_build_converges_after_the_printed_fix(eng
         driver.wait(timeout=60)
     hold.unlink()
 
+    # The CLI directly, as the killed run was: the lock is the CLI's to refuse (make's checks do not
+    # take it), and what it prints is what this test reads.
     locked = lab.engine("up", layers="template")
     assert not locked.engine_result()["ok"]
     assert "the stack is currently locked" in locked.output and "pulumi cancel" in locked.output, lab.transcript()
@@ -380,7 +425,7 @@ def vcsim_inventory(lab: EngineLab) -> dict[str, Any]:
 import json
 from pyVmomi import vim
 from components import vsphere as vs
-si = vs.connect({host!r}, "labs", open({str(lab.password_file)!r}).read().strip(), port={port}, insecure=True)
+si = vs.connect({host!r}, "labs", open({str(lab.password_file)!r}).read().strip(), port={port})
 machines = {{}}
 def kind(obj):
     return type(obj).__name__.rsplit(".", 1)[-1]
@@ -437,20 +482,24 @@ def assert_the_clones_are_what_the_plan_says(lab: EngineLab, inventory: dict[str
 
 
 def test_the_vsphere_half_up_no_change_rotation_and_destroy(engine_lab) -> None:
-    """The vSphere layers by `--target` (the remote steps need SSH hosts): the template by our
+    """`make up LAYER=vsphere` (the remote steps need SSH hosts): the template by our
     dynamic provider, seven clones and three rules by the real vSphere provider, read back from
     vcsim; a preview right after shows no change (every perpetual diff of the real provider is a
     defect); a vCenter password rotation; `make destroy` leaves vCenter and the datastore empty;
     no secret in clear in `pulumi stack export` at any point."""
     lab = engine_lab()
     readme_setup(lab, iso_sha256=lab_iso_sha(lab), iso_name=ISO_NAME)
-    first = lab.engine("up", layers="vsphere", timeout=1200)
+    first = lab.make("up", layer="vsphere", args="--yes", timeout=1200)
     assert first.ok, lab.transcript()
+    # Only creates (the engine's own count, from make up's --event-log): the VMs, rules, clone
+    # sources and keys, the template and the components.
+    made = first.summary()
+    assert set(made) == {"create"} and made["create"] >= 3 * len(NODES) + 3, (made, lab.transcript())
     assert_no_clear_secret(lab, first.output, "the CLI's output")
     assert_no_clear_secret(lab, json.dumps(lab.stack_export()), "`pulumi stack export` after up")
     assert_the_clones_are_what_the_plan_says(lab, vcsim_inventory(lab))
 
-    again = lab.engine("preview", layers="vsphere", expect_no_changes=True)
+    again = lab.make("preview", layer="vsphere", args="--expect-no-changes")
     assert again.ok, f"a perpetual diff on the real engine:\n{lab.transcript()}"
 
     assert_the_change_table_holds_on_the_real_plan(lab)
@@ -459,7 +508,7 @@ def test_the_vsphere_half_up_no_change_rotation_and_destroy(engine_lab) -> None:
     assert lab.password_file is not None
     lab.password_file.write_text("rotated-vcenter-secret\n")
     lab.pulumi("config", "set", "--stack", lab.stack, "--secret", "vsphere:password", stdin="rotated-vcenter-secret\n")
-    recorded = lab.engine("up", layers="vsphere")
+    recorded = lab.make("up", layer="vsphere", args="--yes")
     assert recorded.ok, lab.transcript()
     assert_no_clear_secret(lab, json.dumps(lab.stack_export()), "`pulumi stack export` after the rotation")
 
@@ -471,21 +520,43 @@ def test_the_vsphere_half_up_no_change_rotation_and_destroy(engine_lab) -> None:
     assert_no_clear_secret(lab, json.dumps(lab.stack_export()), "`pulumi stack export` after destroy")
 
 
-def vm_ops(lab: EngineLab) -> dict[str, set[str]]:
-    """VM name -> the ops of the real engine's plan for it (`pulumi preview --json`), vSphere layers."""
-    targets = [f"--target={t.format(stack=lab.stack)}" for t in LAYERS["vsphere"]]
+def plan_steps(lab: EngineLab) -> list[tuple[str, str, str]]:
+    """(type, name, op) of each step of the real engine's plan for the vSphere half, in the order
+    the engine emits them, `same` left out. With --show-replacement-steps the plan lists a
+    replacement's `create-replacement` and `delete-replaced` beside its logical `replace`: the JSON
+    display shows the non-logical replacement steps only when asked (pkg/backend/display/display.go
+    shouldShow, v3.274.1), and its steps are the ResourcePreEvents in order (json.go)."""
+    # `pulumi preview --json` itself: make's checks print to the same stdout as the plan's JSON.
+    targets = [f"--target={urn}" for urn in layer_targets(lab.stack, "vsphere")]
+    steps = planned(lab, "--show-replacement-steps", *targets)
+    return [
+        (step["urn"].split("::")[2].rsplit("$", 1)[-1], step["urn"].rsplit("::", 1)[-1], step["op"])
+        for step in steps
+        if step["op"] != "same"
+    ]
+
+
+def vm_ops(lab: EngineLab, steps: list[tuple[str, str, str]] | None = None) -> dict[str, set[str]]:
+    """VM name -> the logical ops of the real engine's plan for it (vSphere layers)."""
     ops: dict[str, set[str]] = {}
-    for step in planned(lab, *targets):
-        if step["urn"].split("::")[2].endswith(VM) and step["op"] != "same":
-            ops.setdefault(step["urn"].rsplit("::", 1)[-1], set()).add(step["op"])
+    for kind, name, op in plan_steps(lab) if steps is None else steps:
+        if kind == VM and op not in ("create-replacement", "delete-replaced"):
+            ops.setdefault(name, set()).add(op)
     return ops
+
+
+def step_index(steps: list[tuple[str, str, str]], kind: str, name: str, op: str) -> int:
+    found = [i for i, step in enumerate(steps) if step == (kind, name, op)]
+    assert len(found) == 1, (kind, name, op, steps)
+    return found[0]
 
 
 def assert_the_change_table_holds_on_the_real_plan(lab: EngineLab) -> None:
     """docs/runbook.md "What a config change does", against the real engine's plan: an SSH public
     key rotation updates every VM's guestinfo in place; a node's address change replaces that VM
-    alone; a worker added is one clone more;
-    a worker removed is that VM deleted. Each change is undone before the next."""
+    alone, the old one deleted before the new one is created; a template input change (a new
+    Debian point release) replaces the template alone, the new one first; a worker added is one
+    clone more; a worker removed is that VM deleted. Each change is undone before the next."""
     stack = ["--stack", lab.stack]
     stack_file = lab.workspace / f"Pulumi.{lab.stack}.yaml"
     original = stack_file.read_text()
@@ -499,10 +570,34 @@ def assert_the_change_table_holds_on_the_real_plan(lab: EngineLab) -> None:
     stack_file.write_text(original)
 
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:nodes.workers.hosts[1].ip", "10.3.60.57")
-    # That VM alone is replaced (the plan's JSON names the step `replace`; that the old VM goes
-    # first is its deleteBeforeReplace option, which the mock-engine graph tests read).
-    plan = vm_ops(lab)
+    # That VM alone is replaced, the old one deleted first (same name, same folder, same address):
+    # for a delete-before-replace the engine emits delete-replaced, then replace, then
+    # create-replacement (pkg/resource/deploy/step_generator.go, the `deleteBeforeReplace` branch,
+    # v3.274.1); a create-before-delete would list create-replacement first.
+    steps = plan_steps(lab)
+    plan = vm_ops(lab, steps)
     assert plan == {"labs-k8s-w02": {"replace"}}, plan
+    deleted = step_index(steps, VM, "labs-k8s-w02", "delete-replaced")
+    created = step_index(steps, VM, "labs-k8s-w02", "create-replacement")
+    assert deleted < created, f"the new labs-k8s-w02 is created before the old one is deleted: {steps}"
+    stack_file.write_text(original)
+
+    # A new Debian point release (the runbook's row "template.isoUrl + isoSha256"): the template
+    # alone is replaced, a new one made before the old is deleted, and no clone changes (a clone
+    # is a copy: it keeps running on what it was cloned from).
+    lab.pulumi(
+        "config", "set", *stack, "--path", "labs-k8s:template.isoUrl", f"{lab.iso_url}/debian-12.13.0-amd64-netinst.iso"
+    )
+    lab.pulumi("config", "set", *stack, "--path", "labs-k8s:template.isoSha256", "ab" * 32)
+    steps = plan_steps(lab)
+    assert [(kind, name, op) for kind, name, op in steps if op == "replace"] == [
+        (TEMPLATE_RESOURCE, "golden-template", "replace")
+    ], steps
+    assert vm_ops(lab, steps) == {}, steps
+    assert step_index(steps, TEMPLATE_RESOURCE, "golden-template", "create-replacement") < step_index(
+        steps, TEMPLATE_RESOURCE, "golden-template", "delete-replaced"
+    ), f"the old template is deleted before its replacement is made: {steps}"
+    assert {op for _, _, op in steps} <= {"replace", "create-replacement", "delete-replaced"}, steps
     stack_file.write_text(original)
 
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:nodes.workers.hosts[2].name", "labs-k8s-w03")

@@ -21,6 +21,10 @@ the stack's pinned SSH connection (components/tools/logs.py).
 `python -m components check --stack STACK --for up|preview|destroy`: what `make up`, `make preview`
 and `make destroy` run before the Pulumi CLI: the CLI, the login, the stack and its settings.
 
+`python -m components targets --stack STACK LAYER`: the `--target` URNs, one a line, of one part of
+the program (`vsphere`: the template, the VMs and the DRS rules; `template`), which
+`make up LAYER=...` and `make preview LAYER=...` pass to the CLI (components/tools/targets.py).
+
 render, diff and drill take an exported STACK as the Makefile does (render and diff fall back
 to the example `labs`). They run with the project's virtualenv (`make venv`: .venv/bin/python -m components ...).
 """
@@ -105,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     check_parser = commands.add_parser("check", help="before make up/preview/destroy: CLI, login, stack, settings")
     check_parser.add_argument("--stack", required=True, help="the stack make up/preview/destroy were given (STACK)")
     check_parser.add_argument("--for", dest="purpose", choices=("up", "preview", "destroy"), required=True)
+    targets_parser = commands.add_parser("targets", help="the --target URNs of one layer (make up LAYER=...)")
+    targets_parser.add_argument("--stack", required=True, help="the stack the URNs are in (STACK)")
+    # No argparse `choices`: its message names neither LAYER nor what a layer is (targets.py does).
+    targets_parser.add_argument("layer", metavar="LAYER", help="vsphere or template")
     args = parser.parse_args(argv)
     if args.command == "render":
         return render(args.stack, args.out, args.fingerprint_key)
@@ -120,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         from components.tools import first_run
 
         return first_run.check(args.stack, args.purpose)
+    if args.command == "targets":
+        from components.tools import targets
+
+        return targets.cli(args.stack, args.layer)
     if args.command == "drill":
         return drill_cli.run(args)
     if args.command == "logs":
