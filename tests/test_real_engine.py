@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -322,6 +323,21 @@ def test_the_template_layer_on_the_real_engine(engine_lab) -> None:
     assert first.engine_result()["changes"] == {"create": 3}, lab.transcript()
     assert len(vcsim_templates(lab)) == 1
     assert_no_clear_secret(lab, first.output, "the CLI's output")
+    # The build's phases reach the user as the CLI shows them (issue #33: the longest step was
+    # silent): our provider's stderr lines, as info diagnostics (components/template.py
+    # report_progress), in the order the build runs them.
+    phases = [
+        "creating the builder VM",
+        "the unattended Debian install is running on the builder VM",
+        "installed and sealed",
+        "verifying the hardware",
+        "verified and marked as a template",
+    ]
+    found = [
+        re.search(rf"info: golden template labs-k8s-debian12\S*: {re.escape(phase)}", first.output) for phase in phases
+    ]
+    shown = [match.start() if match else -1 for match in found]
+    assert -1 not in shown and shown == sorted(shown), (dict(zip(phases, shown, strict=True)), lab.transcript())
 
     again = lab.make("preview", layer="template", args="--expect-no-changes")
     assert again.engine_result()["ok"], f"a perpetual diff on the real engine:\n{lab.transcript()}"
