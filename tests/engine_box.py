@@ -13,6 +13,12 @@ Started inside the namespace (`ip netns exec NS python -m tests.engine_box ...`)
   same in-process).
 It prints one line `BOX {"vcsim": "host:port", "iso_url": ...}` once all three are up, and
 stops them on SIGTERM.
+
+With --watch-clones (the lab in a box, tests/lab_box.py) it also reports every clone of the VM
+folder whose power state changes, as vCenter sees it: one line `CLONE {"uuid", "name", "state",
+"mac", "guestinfo"}` per change, `state` one of poweredOn, poweredOff, gone; `guestinfo` every
+`guestinfo.*` key of the VM's extraConfig exactly as the vSphere provider set it (values and
+encodings), which is what a clone's VMware tools would hand cloud-init.
 """
 
 from __future__ import annotations
@@ -93,6 +99,62 @@ def play_installer(host: str, port: int, user: str, password_file: Path, stop: t
             si = None  # a rotated password, or vcsim restarting: log in again
 
 
+# The clone's properties the box needs: its identity, power, NIC and guestinfo.
+CLONE_PROPERTIES = ["name", "config.uuid", "config.template", "runtime.powerState", "config.extraConfig",
+                    "config.hardware.device"]  # fmt: skip
+
+
+def clone_facts(props: dict[str, object]) -> dict[str, object] | None:
+    """A clone's line for the box, or None for what is not a clone (a template, the builder, a VM
+    without our user-data)."""
+    if props.get("config.template") or "config.uuid" not in props:
+        return None
+    guestinfo = {
+        option.key: str(option.value)
+        for option in props.get("config.extraConfig") or []
+        if option.key.startswith("guestinfo.")
+    }
+    if "guestinfo.metadata" not in guestinfo:
+        return None
+    macs = [
+        device.macAddress
+        for device in props.get("config.hardware.device") or []
+        if isinstance(device, vim.vm.device.VirtualEthernetCard)
+    ]
+    return {
+        "uuid": props["config.uuid"],
+        "name": props["name"],
+        "state": str(props.get("runtime.powerState")),
+        "mac": macs[0] if macs else "",
+        "guestinfo": guestinfo,
+    }
+
+
+def watch_clones(host: str, port: int, user: str, password_file: Path, stop: threading.Event) -> None:
+    """Print a CLONE line whenever a clone is powered on or off, or goes (module docstring)."""
+    si = None
+    known: dict[str, dict[str, object]] = {}
+    while not stop.wait(0.5):
+        try:
+            if si is None:
+                si = vs.connect(host, user, password_file.read_text().strip(), port=port, insecure=True)
+            rows = vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, CLONE_PROPERTIES)
+        except (vs.VSphereError, vim.fault.NotAuthenticated, vmodl.fault.ManagedObjectNotFound, OSError):
+            si = None
+            continue
+        seen: dict[str, dict[str, object]] = {}
+        for _machine, props in rows:
+            facts = clone_facts(props)
+            if facts is not None:
+                seen[str(facts["uuid"])] = facts
+        for uuid, facts in seen.items():
+            if known.get(uuid, {}).get("state") != facts["state"]:
+                print("CLONE " + json.dumps(facts), flush=True)
+        for uuid in known.keys() - seen.keys():
+            print("CLONE " + json.dumps({"uuid": uuid, "name": known[uuid]["name"], "state": "gone"}), flush=True)
+        known = seen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--vcsim", required=True)
@@ -102,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", required=True)
     parser.add_argument("--tls-cert", type=Path, required=True, help="vcsim's certificate (the lab's CA signed it)")
     parser.add_argument("--tls-key", type=Path, required=True)
+    parser.add_argument("--watch-clones", action="store_true", help="print a CLONE line per power change")
     args = parser.parse_args(argv)
 
     vcsim, host, port = start_vcsim(args.vcsim, args.user, args.password_file, (args.tls_cert, args.tls_key))
@@ -123,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         "BOX " + json.dumps({"vcsim": f"{host}:{port}", "iso_url": f"http://127.0.0.1:{server.server_address[1]}"}),
         flush=True,
     )
+    if args.watch_clones:
+        threading.Thread(
+            target=watch_clones, args=(host, port, args.user, args.password_file, stop), daemon=True
+        ).start()
     stop.wait()
     server.shutdown()
     vcsim.terminate()

@@ -322,10 +322,39 @@ def build_image(cfg: LabConfig) -> TemplateImage:
         image = _cached_or_built_image(cfg)
         for path in (image.disk.parent, CACHE_DIR / f"rootfs-{image.facts['rootfs_key']}.tar"):
             os.utime(path)  # last use, for the pruning below
-        for stale in [*CACHE_DIR.glob("image-*"), *CACHE_DIR.glob("rootfs-*")]:
+        for stale in [*CACHE_DIR.glob("image-*"), *CACHE_DIR.glob("rootfs-*"), *CACHE_DIR.glob("sealed-*")]:
             if time.time() - stale.stat().st_mtime > STALE_AFTER_SECONDS:
                 shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
     return image
+
+
+def sealed_rootfs(cfg: LabConfig) -> Path:
+    """The template's root filesystem as the install leaves it, sealed (steps 1-3 of the module
+    docstring, no disk): the read-only lower layer every node host of the lab in a box overlays
+    (tests/lab_box.py). Cached as a directory beside the images, by the image's key."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    rootfs_key, key = image_key(cfg)
+    final = CACHE_DIR / f"sealed-{key}"
+    with (CACHE_DIR / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (final / "sealed.json").is_file():
+            tarball = CACHE_DIR / f"rootfs-{rootfs_key}.tar"
+            if not tarball.is_file():
+                _installed_rootfs(tarball, image_packages(cfg))
+            work = CACHE_DIR / f"sealed-{key}.build"
+            shutil.rmtree(work, ignore_errors=True)
+            unpack(tarball, work / "root")
+            root_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"labs-k8s-firstboot:{key}"))
+            _install_like_debian_installer(work / "root", preseed_answers(render_preseed(cfg)), root_uuid)
+            _replay_late_command(work / "root", cfg, work)
+            (work / "sealed.json").write_text(json.dumps({"key": key, "rootfs_key": rootfs_key}) + "\n")
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(work, final)
+        os.utime(final)  # last use, for build_image's pruning
+        tarball = CACHE_DIR / f"rootfs-{rootfs_key}.tar"
+        if tarball.exists():
+            os.utime(tarball)
+    return final / "root"
 
 
 def _cached_or_built_image(cfg: LabConfig) -> TemplateImage:

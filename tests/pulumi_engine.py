@@ -305,8 +305,11 @@ def install_plugins(lab: EngineLab) -> None:
 _namespaces: list[str] = []
 
 
-def start_lab(root: Path, vcsim_binary: str, iso_dir: Path, stack: str = "mysite") -> EngineLab:
-    """The namespace, the workspace and the box (tests/engine_box.py); stop it with `stop_lab`."""
+def start_lab(
+    root: Path, vcsim_binary: str, iso_dir: Path, stack: str = "mysite", watch_clones: bool = False
+) -> EngineLab:
+    """The namespace, the workspace and the box (tests/engine_box.py); stop it with `stop_lab`.
+    `watch_clones`: the box also reports each clone's power changes (the lab in a box, tests/lab_box.py)."""
     bin_dir = toolchain_bin()
     netns = f"lk8s-engine-{os.getpid()}-{len(_namespaces)}"
     subprocess.run(["ip", "netns", "add", netns], check=True)
@@ -325,7 +328,8 @@ def start_lab(root: Path, vcsim_binary: str, iso_dir: Path, stack: str = "mysite
         ["ip", "netns", "exec", netns, str(lab.workspace / ".venv" / "bin" / "python"), "-m", "tests.engine_box",
          "--vcsim", vcsim_binary, "--user", "labs", "--password-file", str(lab.password_file),
          "--iso-dir", str(iso_dir), "--folder", "labs-k8s",
-         "--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"])],
+         "--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"]),
+         *(["--watch-clones"] if watch_clones else [])],
         cwd=lab.workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(root / "box.log", "w"),  # noqa: SIM115
         text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(root / "home")},
     )  # fmt: skip

@@ -7,9 +7,9 @@ user's copy of this checkout, set up the README's way (`file://` backend, passph
 CLI spawns the language host, which runs `__main__.py` in the project's .venv; the vSphere
 provider clones, reconfigures and deletes VMs and DRS rules in vcsim; our dynamic providers build
 the template through `pulumi-resource-pulumi-python`. All of it in a network namespace of its own
-(tests/pulumi_engine.py), with vcsim and the ISO server on its loopback. What cannot run here: the
-remote steps' SSH hosts (the lab-in-a-box issue); until then the scenario runs the vSphere half by
-`make up LAYER=vsphere` (components/tools/targets.py: the `--target` list a user gets too).
+(tests/pulumi_engine.py), with vcsim and the ISO server on its loopback. The scenario here runs the
+vSphere half by `make up LAYER=vsphere` (components/tools/targets.py: the `--target` list a user
+gets too); the remote steps on SSH hosts run in the lab in a box (tests/test_lab_box.py).
 docs/testing.md says which proofs run where.
 """
 

@@ -1,0 +1,262 @@
+"""The lab in a box (issue #31): every clone vcsim powers on becomes a Linux host on this machine.
+
+The real Pulumi CLI and plugins run in the engine's network namespace (tests/pulumi_engine.py)
+against vcsim there. The box adds:
+
+- the lab's network: a bridge in the engine's namespace carrying the stack's gateway address, so
+  the CLI (and so pulumi-command's SSH) reaches the node addresses, and the nodes reach each other
+  and the CLI's namespace, and nothing else: that namespace has no other way out;
+- one node host per clone (`NodeHost`), started when vcsim reports the clone powered on, stopped
+  when it is powered off, removed with its disk when the VM is gone (tests/engine_box.py
+  `watch_clones` reports each change): a network namespace whose one NIC is a veth on the bridge
+  with the VM's MAC (cloud-init finds it by that MAC and renames it, as on vSphere), and a mount,
+  UTS and PID namespace whose root is an overlay of the template's sealed rootfs
+  (tests/firstboot.py `sealed_rootfs`: debootstrap, what the installer adds, then the project's
+  own seal script) with an upper layer of the VM's own. A replaced VM is a new VM uuid, so a new
+  upper layer: its disk is new, as on vSphere;
+- the clone's guestinfo, exactly as the real vSphere provider set it in vcsim (values and
+  encodings, read back from the VM's extraConfig), handed to cloud-init 22.4's VMware datasource
+  through its environment transport (VMX_GUESTINFO_*, tests/firstboot.py guestinfo_environment):
+  the rest of cloud-init's first boot (users, keys, host keys, hostname, sudoers, network config)
+  is cloud-init's own, on the rendered user-data.
+
+What is not a VM here, and says so: systemd is not PID 1 in a host. tests/tools/box/init.sh starts
+what a booted clone runs, in systemd's order (cloud-init's four stages, ifupdown, sshd), and a
+stand-in `systemctl` (tests/tools/box/sbin/) keeps unit state with deb-systemd-helper and runs
+services through their packages' init scripts. The data disk of a control plane or worker is a
+tmpfs at its mount point: cloud-init's disk_setup of a real disk is proven in QEMU
+(tests/test_firstboot_qemu.py), and a loop device is not a disk cloud-init will partition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.firstboot import guestinfo_environment
+
+REPO = Path(__file__).resolve().parents[1]
+BOX_TOOLS = REPO / "tests" / "tools" / "box"
+HOST_BOOT = BOX_TOOLS / "host-boot.sh"
+HOST_INIT = BOX_TOOLS / "init.sh"
+HOST_SBIN = BOX_TOOLS / "sbin"
+INIT_IN_HOST = "usr/local/lib/labs-k8s-box/init"
+BOOT_LOG = "var/log/labs-k8s-box-boot.log"
+BRIDGE = "lk8s-box0"
+
+
+def _ip(*args: str) -> None:
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"ip {' '.join(args)}: {result.stderr}"
+
+
+@dataclass
+class NodeHost:
+    """One clone as a host: see the module docstring."""
+
+    uuid: str
+    name: str
+    mac: str
+    guestinfo: dict[str, str]
+    directory: Path
+    netns: str
+    veth: str
+    data_mount: str | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    boots: int = 0
+
+    @property
+    def upper(self) -> Path:
+        return self.directory / "upper"
+
+    def file(self, path: str, lower: Path) -> Path:
+        """`path` (absolute, in the host) as the host sees it: its own layer, else the template's."""
+        own = self.upper / path.lstrip("/")
+        return own if own.exists() or own.is_symlink() else lower / path.lstrip("/")
+
+    def boot_log(self) -> str:
+        log = self.upper / BOOT_LOG
+        return log.read_text(errors="replace") if log.is_file() else ""
+
+    def booted(self) -> bool:
+        return self.boot_log().count("labs-k8s-box: booted") >= self.boots
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def init_pid(self) -> int:
+        """The host's PID 1 (init.sh), as this machine numbers it: the child `unshare` forked into the
+        new PID namespace (`ip netns exec` execs unshare, so `proc` is unshare itself)."""
+        assert self.proc is not None, f"{self.name} is not running"
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        assert len(children) == 1, f"{self.name}: unshare has children {children}"
+        return int(children[0])
+
+    def run(self, *argv: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """`argv` inside the running host (its namespaces and root), as root: what a console login sees."""
+        return subprocess.run(
+            ["nsenter", "-t", str(self.init_pid()), "-n", "-m", "-u", "-p", "-r", "-w", "--", *argv],
+            capture_output=True, text=True, timeout=timeout, input=input, check=False,
+            env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+        )  # fmt: skip
+
+
+@dataclass
+class LabBox:
+    """The hosts of one engine lab; `follow` reads the engine box's CLONE lines (tests/engine_box.py)."""
+
+    root: Path
+    engine_netns: str
+    rootfs: Path  # the sealed template rootfs, every host's lower layer
+    gateway: str  # with its prefix, e.g. 10.3.60.1/24: the stack's network.gateway
+    data_mounts: Mapping[str, str] = field(default_factory=dict)  # VM name -> its data disk's mount point
+    hosts: dict[str, NodeHost] = field(default_factory=dict)  # by VM uuid
+    events: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _count: int = 0
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        _ip("-n", self.engine_netns, "link", "add", BRIDGE, "type", "bridge")
+        _ip("-n", self.engine_netns, "addr", "add", self.gateway, "dev", BRIDGE)
+        _ip("-n", self.engine_netns, "link", "set", BRIDGE, "up")
+
+    def follow(self, lines: Iterable[str]) -> threading.Thread:
+        """Act on every CLONE line of `lines` (the engine box's stdout), in a thread of its own."""
+
+        def loop() -> None:
+            for line in lines:
+                if line.startswith("CLONE "):
+                    self.on_clone(json.loads(line.removeprefix("CLONE ")))
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        return thread
+
+    def on_clone(self, facts: dict[str, Any]) -> None:
+        with self.lock:
+            self.events.append({**facts, "at": time.time()})
+            uuid, state = facts["uuid"], facts["state"]
+            host = self.hosts.get(uuid)
+            if state == "poweredOn":
+                if host is None:
+                    host = self._new_host(facts)
+                self._boot(host)
+            elif host is not None:
+                self._halt(host)
+                if state == "gone":
+                    self._remove(host)
+
+    def _new_host(self, facts: Mapping[str, Any]) -> NodeHost:
+        self._count += 1
+        directory = self.root / f"{facts['name']}-{facts['uuid'][:8]}"
+        host = NodeHost(
+            uuid=facts["uuid"], name=facts["name"], mac=facts["mac"], guestinfo=dict(facts["guestinfo"]),
+            directory=directory, netns=f"lk8s-box-{os.getpid()}-{self._count}",
+            veth=f"lk8sb{os.getpid() % 1000}n{self._count}",
+            data_mount=self.data_mounts.get(facts["name"]),
+        )  # fmt: skip
+        for sub in ("upper", "work", "root"):
+            (directory / sub).mkdir(parents=True, exist_ok=True)
+        # The box's own files, in the VM's layer (test only, module docstring): its init and the
+        # systemctl stand-in, ahead of /usr/bin in every PATH (sudo's secure_path included).
+        init = host.upper / INIT_IN_HOST
+        init.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(HOST_INIT, init)
+        sbin = host.upper / "usr/local/sbin"
+        sbin.mkdir(parents=True, exist_ok=True)
+        for tool in HOST_SBIN.iterdir():
+            shutil.copy2(tool, sbin / tool.name)
+        self.hosts[host.uuid] = host
+        return host
+
+    def _boot(self, host: NodeHost) -> None:
+        if host.running():
+            return
+        _ip("netns", "add", host.netns)
+        engine = ("-n", self.engine_netns)
+        _ip(*engine, "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+        _ip("-n", host.netns, "link", "set", "eth0", "address", host.mac)
+        _ip("-n", self.engine_netns, "link", "set", host.veth, "master", BRIDGE, "up")
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", **guestinfo_environment(host.guestinfo)}
+        host.boots += 1
+        log = (host.directory / "host.log").open("ab")
+        host.proc = subprocess.Popen(
+            ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--uts", "--pid", "--fork",
+             "--propagation", "private", "bash", str(HOST_BOOT), str(host.directory / "root"), str(self.rootfs),
+             str(host.upper), str(host.directory / "work"), host.data_mount or ""],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+
+    def _halt(self, host: NodeHost) -> None:
+        """Power off: every process of the host killed at once (a VM powered off does not shut down)."""
+        if host.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(host.proc.pid, 9)
+        pids = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=False)
+        for pid in pids.stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), 9)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            host.proc.wait(timeout=10)
+        host.proc = None
+        subprocess.run(["ip", "netns", "del", host.netns], capture_output=True, check=False)
+
+    def _remove(self, host: NodeHost) -> None:
+        """The VM is gone, and its disk: only its logs are kept (`logs`), for the artifacts."""
+        del self.hosts[host.uuid]
+        self.keep_logs(host)
+        shutil.rmtree(host.directory, ignore_errors=True)
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def keep_logs(self, host: NodeHost) -> None:
+        """The host's boot log, systemctl stand-in log, cloud-init's log and the steps' logs, into
+        `logs/<VM name>-<uuid>/`."""
+        target = self.logs / host.directory.name
+        target.mkdir(parents=True, exist_ok=True)
+        for log in [*(host.upper / "var/log").glob("labs-k8s*"), host.upper / "var/log/cloud-init.log"]:
+            if log.is_file():
+                shutil.copy2(log, target / log.name)
+
+    def by_name(self, name: str) -> NodeHost:
+        with self.lock:
+            found = [h for h in self.hosts.values() if h.name == name]
+        assert len(found) == 1, f"{len(found)} hosts named {name}: {[h.uuid for h in found]}"
+        return found[0]
+
+    def wait_booted(self, names: Iterable[str], timeout: float = 300) -> float:
+        """Seconds until each named VM has a host that finished booting (init.sh's last line)."""
+        started = time.monotonic()
+        wanted = set(names)
+        while True:
+            with self.lock:
+                done = {h.name for h in self.hosts.values() if h.running() and h.booted()}
+            if wanted <= done:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                detail = "\n".join(
+                    f"--- {h.name} ({h.uuid}) running={h.running()}\n{h.boot_log()[-2000:]}"
+                    for h in self.hosts.values()
+                )
+                raise AssertionError(f"hosts {sorted(wanted - done)} did not boot in {timeout:g}s:\n{detail}")
+            time.sleep(1)
+
+    def close(self) -> None:
+        with self.lock:
+            for host in list(self.hosts.values()):
+                self._halt(host)
+                self.keep_logs(host)

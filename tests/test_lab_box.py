@@ -1,0 +1,318 @@
+"""The lab in a box (issue #31), first part: the nodes and the balancers of `make up`, for real.
+
+One scenario per run (the `box` fixture, module scope), on the real CLI, language host and
+plugins (tests/pulumi_engine.py): `make up LAYER=vsphere` clones the seven VMs in vcsim; each clone
+the real vSphere provider powers on becomes a node host (tests/lab_box.py), whose cloud-init first
+boot applies the user-data the provider set in the VM's guestinfo; then `up` of the fleet's and
+the balancers' remote steps runs them over the real pulumi-command SSH, with the pinned host keys,
+on those hosts: host keys, readiness, node settings, and HAProxy and Keepalived installed from
+Debian's real, signed packages through the stack's apt proxy (tests/apt_mirror.py), holding the
+VIP. A second preview changes nothing; `make destroy` empties vCenter and the box.
+
+Not here yet (issue #31 goes on): the Kubernetes steps (they need the signed repository of
+stand-in packages), the drills and the failure cases on the box, `make box`. docs/testing.md,
+"The lab in a box", says what is real and what is simulated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.rendering.node import DATA_DISKS
+from components.template import CACHE_ROOT
+from components.tools.offline import PROJECT
+from components.tools.targets import layer_targets
+from tests.apt_mirror import record
+from tests.firstboot import sealed_rootfs
+from tests.lab_box import LabBox, NodeHost
+from tests.labs import make_lab_config
+from tests.pulumi_engine import EngineLab, Result, readme_setup, start_lab, stop_lab
+from tests.requirements import require_root, require_tool
+from tests.standin_iso import build_standin_netinst
+from tests.test_real_engine import ISO_NAME, assert_no_clear_secret
+
+pytestmark = pytest.mark.integration
+
+CFG = make_lab_config()
+NODES = [node.name for node in CFG.all_nodes]
+BALANCERS = [node.name for node in CFG.balancers]
+# What the balancer step installs (cloudinit/lb/setup-balancer.sh), recorded from Debian's archive.
+BALANCER_PACKAGES = ("haproxy", "keepalived")
+PREFIX = ipaddress.ip_network(CFG.network.cidr).prefixlen
+MIRROR = f"{CFG.network.gateway}:3142"
+_LAB = f"urn:pulumi:mysite::{PROJECT}::labs-k8s:lab:Lab"
+# The fleet's remote steps and the balancers, on top of the vSphere layer.
+NODES_AND_BALANCERS = (
+    f"{_LAB}$labs-k8s:fleet:NodeFleet$**",
+    f"{_LAB}$labs-k8s:lb:LoadBalancerPair::balancers",
+    f"{_LAB}$labs-k8s:lb:LoadBalancerPair$**",
+)
+
+
+@dataclass
+class Box:
+    lab: EngineLab
+    hosts: LabBox
+    rootfs: Path
+    mirror_log: Path
+    stages: dict[str, Any] = field(default_factory=dict)
+
+
+def _targets() -> list[str]:
+    return [*layer_targets("mysite", "vsphere"), *NODES_AND_BALANCERS]
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
+    require_root()
+    require_tool("ip", "make", "jq", "ssh-keygen", "ssh-keyscan", "nsenter", "unshare", "debootstrap")
+    from tests.vcsim import vcsim_binary
+
+    rootfs = sealed_rootfs(CFG)
+    snapshot = record(rootfs, BALANCER_PACKAGES, CACHE_ROOT / "box-mirror")
+    root = tmp_path_factory.mktemp("box")
+    served = root / "iso"
+    served.mkdir()
+    shutil.copy2(build_standin_netinst(root / "standin"), served / ISO_NAME)
+    iso_sha = hashlib.sha256((served / ISO_NAME).read_bytes()).hexdigest()
+    lab = start_lab(root / "lab", vcsim_binary(), served, watch_clones=True)
+    data_mounts = {n.name: DATA_DISKS[n.role].mount_point for n in CFG.all_nodes if n.role in DATA_DISKS}
+    hosts = LabBox(root / "hosts", lab.netns, rootfs, f"{CFG.network.gateway}/{PREFIX}", data_mounts)
+    assert lab.box is not None and lab.box.stdout is not None
+    hosts.follow(lab.box.stdout)
+    mirror_log = lab.artifacts / "apt-mirror.log"
+    lab.artifacts.mkdir(parents=True, exist_ok=True)
+    mirror = subprocess.Popen(
+        lab.in_lab(str(lab.workspace / ".venv/bin/python"), "-m", "tests.apt_mirror", "serve", str(snapshot), MIRROR,
+                   "--log", str(mirror_log), trusted=False),
+        cwd=lab.workspace, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert mirror.stdout is not None and mirror.stdout.readline().startswith("MIRROR"), "the apt mirror did not start"
+    box = Box(lab, hosts, rootfs, mirror_log)
+    try:
+        readme_setup(lab, iso_sha256=iso_sha, iso_name=ISO_NAME)
+        lab.pulumi("config", "set", "--stack", lab.stack, "--path", "labs-k8s:mirrors.aptProxy", f"http://{MIRROR}")
+        run_scenario(box)
+        yield box
+    finally:
+        if os.environ.get("LABS_K8S_BOX_HOLD"):  # debugging: keep the box up to look inside
+            (root / "HOLDING").write_text(str(os.getpid()))
+            while (root / "HOLDING").exists():
+                time.sleep(2)
+        hosts.close()
+        if hosts.logs.is_dir():
+            shutil.copytree(hosts.logs, lab.artifacts / "hosts", dirs_exist_ok=True)
+        mirror.kill()
+        stop_lab(lab)
+
+
+def run_scenario(box: Box) -> None:
+    lab, hosts = box.lab, box.hosts
+    box.stages["vsphere"] = lab.make("up", layer="vsphere", args="--yes", timeout=1200)
+    if not box.stages["vsphere"].ok:
+        return
+    box.stages["boot_seconds"] = hosts.wait_booted(NODES, timeout=600)
+    box.stages["cloud_init"] = {name: first_boot_facts(hosts.by_name(name)) for name in NODES}
+    # What the CLI's namespace is presented at each node's address (what pulumi-command pins).
+    box.stages["keyscan"] = {
+        node.name: subprocess.run(
+            lab.in_lab("ssh-keyscan", "-t", "ed25519", str(node.ip), trusted=False),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
+        for node in CFG.all_nodes
+    }
+    box.stages["known_hosts"] = lab.pulumi("stack", "output", "--stack", lab.stack, "sshKnownHosts").stdout
+    box.stages["nodes_up"] = lab.engine("up", *_targets(), timeout=1800)
+    if not box.stages["nodes_up"].ok:
+        return
+    box.stages["balancers"] = {name: balancer_facts(hosts.by_name(name)) for name in BALANCERS}
+    box.stages["again"] = lab.engine("preview", *_targets(), expect_no_changes=True)
+    box.stages["failover"] = balancer_failover(box)
+    box.stages["after_failover"] = lab.engine("preview", *_targets(), expect_no_changes=True)
+    box.stages["export"] = json.dumps(lab.stack_export())
+    box.stages["destroy"] = lab.make("destroy", timeout=1200)
+    if box.stages["destroy"].ok:
+        deadline = time.monotonic() + 30
+        while hosts.hosts and time.monotonic() < deadline:
+            time.sleep(0.5)
+        box.stages["hosts_after_destroy"] = sorted(h.name for h in hosts.hosts.values())
+
+
+def set_power(lab: EngineLab, name: str, on: bool) -> None:
+    """Power a VM on or off in vcsim, as the failure drills do (a hard power-off, no guest shutdown)."""
+    assert lab.password_file is not None
+    host, port = lab.vcsim.split(":")
+    script = f"""
+from components import vsphere as vs
+si = vs.connect({host!r}, "labs", open({str(lab.password_file)!r}).read().strip(), port={port}, insecure=True)
+vm = vs.get_vm(si, {name!r})
+(vs.power_on if {on!r} else vs.power_off)(vm)
+"""
+    done = lab.run(f"power-{'on' if on else 'off'}-{name}", "python", "-c", script, trusted=False)
+    assert done.ok, done.output
+
+
+def vip_answers(lab: EngineLab) -> bool:
+    """A TCP connection to VIP:6443 from the CLI's namespace is accepted (HAProxy's frontend)."""
+    probe = f"exec 3<>/dev/tcp/{CFG.load_balancer.vip}/6443"
+    probed = subprocess.run(lab.in_lab("timeout", "2", "bash", "-c", probe, trusted=False), capture_output=True)
+    return probed.returncode == 0
+
+
+def vip_holders(hosts: LabBox) -> list[str]:
+    held = []
+    for name in BALANCERS:
+        host = hosts.by_name(name)
+        if host.running() and f" {CFG.load_balancer.vip}/" in host.run("ip", "-4", "-o", "addr").stdout:
+            held.append(name)
+    return held
+
+
+def balancer_failover(box: Box) -> dict[str, Any]:
+    """The VIP's holder powered off in vcsim: how long until the VIP answers again, from the other
+    balancer; then powered on again: it boots from its own disk, HAProxy and Keepalived start as
+    enabled units, and one balancer holds the VIP."""
+    lab, hosts = box.lab, box.hosts
+    before = vip_holders(hosts)
+    facts: dict[str, Any] = {"before": before, "answered_before": vip_answers(lab)}
+    if len(before) != 1:
+        return facts
+    set_power(lab, before[0], on=False)
+    off = time.monotonic()
+    while time.monotonic() - off < 60:
+        if not hosts.by_name(before[0]).running() and vip_answers(lab):
+            break
+        time.sleep(0.2)
+    facts["answered_after_s"] = round(time.monotonic() - off, 1)
+    facts["during"] = vip_holders(hosts)
+    set_power(lab, before[0], on=True)
+    facts["reboot_s"] = round(hosts.wait_booted([before[0]], timeout=300), 1)
+    time.sleep(5)  # Keepalived's adverts settle (advert_int 1 s)
+    facts["after"] = vip_holders(hosts)
+    facts["answered_after_reboot"] = vip_answers(lab)
+    facts["services_after_reboot"] = balancer_facts(hosts.by_name(before[0]))
+    return facts
+
+
+def first_boot_facts(host: NodeHost) -> dict[str, str]:
+    def out(*argv: str) -> str:
+        result = host.run(*argv)
+        return (result.stdout + result.stderr).strip()
+
+    return {
+        "hostname": out("hostname"),
+        "address": out("ip", "-4", "-o", "addr", "show", "dev", CFG.network.interface),
+        "status": out("cloud-init", "status", "--long"),
+        "authorized_keys": out("cat", f"/home/{CFG.ssh.user}/.ssh/authorized_keys"),
+        "sudo": out("sudo", "-l", "-U", CFG.ssh.user),
+        "apt_proxy": out("apt-config", "dump", "Acquire::http::Proxy"),
+    }
+
+
+def balancer_facts(host: NodeHost) -> dict[str, str]:
+    def out(*argv: str) -> str:
+        result = host.run(*argv)
+        return f"[{result.returncode}] {(result.stdout + result.stderr).strip()}"
+
+    return {
+        "haproxy": out("/etc/init.d/haproxy", "status"),
+        "keepalived": out("pidof", "keepalived"),  # its init script has no status action
+        "vip": out("ip", "-4", "-o", "addr", "show", "dev", CFG.network.interface),
+        "packages": out("dpkg-query", "-W", "-f", "${Package} ${Version} ${Status}\\n", "haproxy", "keepalived"),
+    }
+
+
+def assert_ok(box: Box, stage: str) -> Result:
+    result = box.stages.get(stage)
+    stopped = f"the scenario stopped before {stage}: {sorted(box.stages)}\n{box.lab.transcript()}"
+    assert isinstance(result, Result), stopped
+    assert result.ok, f"{stage} failed:\n{box.lab.transcript()}"
+    return result
+
+
+def test_the_real_provider_powers_on_seven_clones_and_each_becomes_a_host(box: Box) -> None:
+    """Each clone vcsim reports powered on (with our user-data in its guestinfo) got one host, which
+    booted: the first power-on of each of the seven, before any other power change."""
+    assert_ok(box, "vsphere")
+    first = [e["name"] for e in box.hosts.events if e["state"] == "poweredOn"][: len(NODES)]
+    assert sorted(first) == sorted(NODES), box.hosts.events
+    assert box.stages["boot_seconds"] < 600
+
+
+def test_cloud_init_applies_the_user_data_the_provider_set_in_guestinfo(box: Box) -> None:
+    """Hostname, static address on the NIC cloud-init renamed by its MAC, the operator's key, sudo,
+    the apt proxy and the host keys the stack pins: cloud-init's own first boot on each host."""
+    assert_ok(box, "vsphere")
+    facts = box.stages["cloud_init"]
+    public_key = (box.lab.root / "home/.ssh/labs-k8s.pub").read_text().split()[1]
+    known_hosts = box.stages["known_hosts"]
+    for node in CFG.all_nodes:
+        seen = facts[node.name]
+        assert seen["hostname"] == node.name, seen
+        assert f"inet {node.ip}/{PREFIX}" in seen["address"], seen
+        assert "status: done" in seen["status"], seen["status"]
+        assert public_key in seen["authorized_keys"], seen
+        assert "NOPASSWD: ALL" in seen["sudo"], seen
+        assert f"http://{MIRROR}" in seen["apt_proxy"], seen
+        presented = box.stages["keyscan"][node.name].split()
+        assert presented[:2] == [str(node.ip), "ssh-ed25519"], presented
+        assert f"{node.ip} ssh-ed25519 {presented[2]}" in known_hosts, (node.name, known_hosts)
+
+
+def test_the_fleet_and_balancer_steps_run_over_real_ssh_on_the_hosts(box: Box) -> None:
+    up = assert_ok(box, "nodes_up")
+    created = up.summary()
+    assert created.get("create", 0) >= 3 * len(NODES) + 2, created
+    for name, seen in box.stages["balancers"].items():
+        assert seen["haproxy"].startswith("[0]") and seen["keepalived"].startswith("[0]"), (name, seen)
+        assert "install ok installed" in seen["packages"], (name, seen)
+    holders = [n for n, seen in box.stages["balancers"].items() if f"inet {CFG.load_balancer.vip}/" in seen["vip"]]
+    assert len(holders) == 1, box.stages["balancers"]
+    fetched = box.mirror_log.read_text()
+    assert re.search(r" 200 http://deb\.debian\.org/debian(-security)?/pool/\S+/haproxy_", fetched), fetched[-2000:]
+
+
+def test_a_second_preview_changes_nothing(box: Box) -> None:
+    assert_ok(box, "again")
+
+
+def test_no_secret_in_clear_in_the_state_or_any_output(box: Box) -> None:
+    assert_ok(box, "nodes_up")
+    assert_no_clear_secret(box.lab, box.stages["export"], "`pulumi stack export`")
+    for result in box.lab.results:
+        assert_no_clear_secret(box.lab, result.output, result.log.name)
+
+
+def test_the_vip_moves_when_its_balancer_is_powered_off_and_one_holds_it_after_power_on(box: Box) -> None:
+    facts = box.stages.get("failover")
+    assert facts, f"the scenario stopped before the failover: {sorted(box.stages)}"
+    assert len(facts["before"]) == 1 and facts["answered_before"], facts
+    assert facts["answered_after_s"] < 15, facts
+    assert facts["during"] and facts["during"] != facts["before"], facts
+    assert len(facts["after"]) == 1 and facts["answered_after_reboot"], facts
+    services = facts["services_after_reboot"]
+    assert services["haproxy"].startswith("[0]") and services["keepalived"].startswith("[0]"), facts
+    assert_ok(box, "after_failover")
+
+
+def test_make_destroy_empties_vcenter_and_the_box(box: Box) -> None:
+    assert_ok(box, "destroy")
+    assert box.stages["hosts_after_destroy"] == []
+    gone = {e["name"] for e in box.hosts.events if e["state"] == "gone"}
+    assert gone == set(NODES), box.hosts.events
