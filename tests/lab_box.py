@@ -22,7 +22,7 @@ against vcsim there. The box adds:
 
 What is not a VM here, and says so: systemd is not PID 1 in a host. tests/tools/box/init.sh starts
 what a booted clone runs, in systemd's order (cloud-init's four stages, ifupdown, sshd), and a
-stand-in `systemctl` (tests/tools/box/sbin/) keeps unit state with deb-systemd-helper and runs
+stand-in `systemctl` (tests/tools/box/sbin/) keeps unit state on disk as systemctl does and runs
 services through their packages' init scripts. The data disk of a control plane or worker is a
 tmpfs at its mount point: cloud-init's disk_setup of a real disk is proven in QEMU
 (tests/test_firstboot_qemu.py), and a loop device is not a disk cloud-init will partition.
@@ -51,6 +51,8 @@ HOST_INIT = BOX_TOOLS / "init.sh"
 HOST_SBIN = BOX_TOOLS / "sbin"
 INIT_IN_HOST = "usr/local/lib/labs-k8s-box/init"
 BOOT_LOG = "var/log/labs-k8s-box-boot.log"
+# sshd logs to syslog, which nothing reads in a host (no journald): the box has it write a file.
+SSHD_LOG = "var/log/labs-k8s-box-sshd.log"
 BRIDGE = "lk8s-box0"
 
 
@@ -176,6 +178,9 @@ class LabBox:
         sbin.mkdir(parents=True, exist_ok=True)
         for tool in HOST_SBIN.iterdir():
             shutil.copy2(tool, sbin / tool.name)
+        default_ssh = host.upper / "etc/default/ssh"
+        default_ssh.parent.mkdir(parents=True, exist_ok=True)
+        default_ssh.write_text(f'# labs-k8s box (test only): sshd logs to a file\nSSHD_OPTS="-E /{SSHD_LOG}"\n')
         self.hosts[host.uuid] = host
         return host
 
@@ -231,6 +236,26 @@ class LabBox:
         for log in [*(host.upper / "var/log").glob("labs-k8s*"), host.upper / "var/log/cloud-init.log"]:
             if log.is_file():
                 shutil.copy2(log, target / log.name)
+
+    # A machine vCenter does not know about: the tests' impostor, or a VM cut off from the network.
+    def halt_outside_vcenter(self, host: NodeHost) -> None:
+        with self.lock:
+            self._halt(host)
+
+    def boot_outside_vcenter(self, host: NodeHost) -> None:
+        with self.lock:
+            self._boot(host)
+
+    def start_outside_vcenter(self, name: str, mac: str, guestinfo: Mapping[str, str]) -> NodeHost:
+        facts = {"uuid": f"outside-{name}", "name": name, "mac": mac, "guestinfo": dict(guestinfo)}
+        with self.lock:
+            host = self._new_host(facts)
+            self._boot(host)
+        return host
+
+    def forget(self, host: NodeHost) -> None:
+        with self.lock:
+            self._remove(host)
 
     def by_name(self, name: str) -> NodeHost:
         with self.lock:

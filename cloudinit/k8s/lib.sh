@@ -500,6 +500,11 @@ KUBERNETES_LIST=$ROOT/etc/apt/sources.list.d/kubernetes.list
 APT_FRESH=0
 apt_update() {
     if ((APT_FRESH == 0)); then
+        # A step cut off while dpkg unpacked or configured (the VM powered off, the step's deadline)
+        # leaves dpkg "interrupted": apt then refuses every install until `dpkg --configure -a`
+        # finishes it (apt's own advice). Nothing pending: a no-op. Found by the lab in a box (#31).
+        dpkg --configure -a --force-confold ||
+            die "dpkg --configure -a failed: a package half installed by an earlier run cannot be configured"
         log "apt-get update"
         apt-get update -q -o Acquire::Retries=3 ||
             die "apt-get update failed: are the repositories (or labs-k8s:mirrors.aptProxy) reachable from this node?"

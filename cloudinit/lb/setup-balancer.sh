@@ -42,6 +42,10 @@ install_packages() {
     fi
     log "packages: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # A run cut off while dpkg unpacked or configured (the VM powered off, the step's deadline)
+    # leaves dpkg "interrupted", and apt then refuses every install ("dpkg was interrupted, you
+    # must manually run 'dpkg --configure -a'"): finish it first, as apt asks. Nothing pending: a no-op.
+    dpkg --configure -a --force-confold
     apt-get update -q
     apt-get install -y -q --no-install-recommends -o Dpkg::Options::=--force-confold "${missing[@]}"
     changed+=("packages")

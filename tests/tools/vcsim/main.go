@@ -31,6 +31,7 @@ import (
 	"syscall"
 
 	"github.com/vmware/govmomi/simulator"
+	"github.com/vmware/govmomi/simulator/esx"
 	"github.com/vmware/govmomi/vim25/mo"
 	"github.com/vmware/govmomi/vim25/types"
 
@@ -74,6 +75,7 @@ func main() {
 		setRuntimeEnums(vm)
 	}
 	registry.AddHandler(runtimeEnumDefaults{})
+	setDefaultHardwareVersion(registry)
 
 	model.Service.RegisterEndpoints = true
 	model.Service.Listen = &url.URL{Host: *listen, User: url.UserPassword(*username, *password)}
@@ -143,5 +145,42 @@ func setRuntimeEnums(obj mo.Reference) {
 		if runtime.RecordReplayState == "" {
 			runtime.RecordReplayState = types.VirtualMachineRecordReplayStateInactive
 		}
+	}
+}
+
+// setDefaultHardwareVersion makes QueryConfigOption (no key: the environment's default option)
+// name its hardware version in hardwareOptions.hwVersion, as vCenter does (a required field of
+// VirtualHardwareOption). The simulator answers 0 there (simulator/environment_browser.go
+// QueryConfigOption), and terraform-provider-vsphere compares that number with the VM's own on
+// every update with a change (resourceVSphereVirtualMachineUpdate -> SetHardwareVersion, which
+// reads ConfigOptions(vm)): 0 < 13, so it called UpgradeVM on a running VM and every in-place update
+// (the documented SSH key rotation among them) failed with InvalidPowerStateFault (issue #31).
+func setDefaultHardwareVersion(registry *simulator.Registry) {
+	var number int32
+	if _, err := fmt.Sscanf(esx.HardwareVersion, "vmx-%d", &number); err != nil {
+		log.Fatalf("vcsim: cannot read the hardware version %q: %v", esx.HardwareVersion, err)
+	}
+	var browsers []types.ManagedObjectReference
+	for _, obj := range registry.All("ClusterComputeResource") {
+		if ref := obj.(*simulator.ClusterComputeResource).EnvironmentBrowser; ref != nil {
+			browsers = append(browsers, *ref)
+		}
+	}
+	for _, obj := range registry.All("ComputeResource") {
+		if ref := obj.(*mo.ComputeResource).EnvironmentBrowser; ref != nil {
+			browsers = append(browsers, *ref)
+		}
+	}
+	for _, ref := range browsers {
+		browser, ok := registry.Get(ref).(*simulator.EnvironmentBrowser)
+		if !ok {
+			continue
+		}
+		option := browser.QueryConfigOptionResponse.Returnval
+		if option == nil {
+			option = &types.VirtualMachineConfigOption{Version: esx.HardwareVersion, DefaultDevice: esx.VirtualDevice}
+			browser.QueryConfigOptionResponse.Returnval = option
+		}
+		option.HardwareOptions.HwVersion = number
 	}
 }
