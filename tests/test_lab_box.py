@@ -16,6 +16,7 @@ stand-in packages), the drills and the failure cases on the box, `make box`. doc
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import json
@@ -31,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from components.config import Role
 from components.rendering import node as node_rendering
 from components.rendering.node import DATA_DISKS
 from components.template import CACHE_ROOT
@@ -73,25 +76,25 @@ class Box:
     stages: dict[str, Any] = field(default_factory=dict)
 
 
-def _targets() -> list[str]:
+def targets() -> list[str]:
     return [*layer_targets("mysite", "vsphere"), *NODES_AND_BALANCERS]
 
 
-@pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
-    require_root()
-    require_tool("ip", "make", "jq", "ssh-keygen", "ssh-keyscan", "nsenter", "unshare", "debootstrap")
+@contextlib.contextmanager
+def open_box(root: Path, workers: list[tuple[str, str]] | None = None) -> Iterator[Box]:
+    """The box, with a stack made the README's way and the apt proxy set; `workers` (name, ip)
+    replaces the example's workers (bench/lab_box.py's 10-worker lab)."""
     from tests.vcsim import vcsim_binary
 
     rootfs = sealed_rootfs(CFG)
     snapshot = record(rootfs, BALANCER_PACKAGES, CACHE_ROOT / "box-mirror")
-    root = tmp_path_factory.mktemp("box")
     served = root / "iso"
-    served.mkdir()
+    served.mkdir(parents=True)
     shutil.copy2(build_standin_netinst(root / "standin"), served / ISO_NAME)
     iso_sha = hashlib.sha256((served / ISO_NAME).read_bytes()).hexdigest()
     lab = start_lab(root / "lab", vcsim_binary(), served, watch_clones=True)
     data_mounts = {n.name: DATA_DISKS[n.role].mount_point for n in CFG.all_nodes if n.role in DATA_DISKS}
+    data_mounts.update({name: DATA_DISKS[Role.WORKER].mount_point for name, _ in workers or []})
     hosts = LabBox(root / "hosts", lab.netns, rootfs, f"{CFG.network.gateway}/{PREFIX}", data_mounts)
     assert lab.box is not None and lab.box.stdout is not None
     hosts.follow(lab.box.stdout)
@@ -102,13 +105,18 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
                    "--log", str(mirror_log), trusted=False),
         cwd=lab.workspace, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    assert mirror.stdout is not None and mirror.stdout.readline().startswith("MIRROR"), "the apt mirror did not start"
-    box = Box(lab, hosts, rootfs, mirror_log)
     try:
+        assert mirror.stdout is not None
+        assert mirror.stdout.readline().startswith("MIRROR"), "the apt mirror did not start"
         readme_setup(lab, iso_sha256=iso_sha, iso_name=ISO_NAME)
-        lab.pulumi("config", "set", "--stack", lab.stack, "--path", "labs-k8s:mirrors.aptProxy", f"http://{MIRROR}")
-        run_scenario(box)
-        yield box
+        stack = ["--stack", lab.stack]
+        lab.pulumi("config", "set", *stack, "--path", "labs-k8s:mirrors.aptProxy", f"http://{MIRROR}")
+        if workers is not None:
+            stack_file = lab.workspace / f"Pulumi.{lab.stack}.yaml"
+            settings = yaml.safe_load(stack_file.read_text())
+            settings["config"]["labs-k8s:nodes"]["workers"]["hosts"] = [{"name": n, "ip": ip} for n, ip in workers]
+            stack_file.write_text(yaml.safe_dump(settings))
+        yield Box(lab, hosts, rootfs, mirror_log)
     finally:
         if os.environ.get("LABS_K8S_BOX_HOLD"):  # debugging: keep the box up to look inside
             (root / "HOLDING").write_text(str(os.getpid()))
@@ -119,6 +127,15 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
             shutil.copytree(hosts.logs, lab.artifacts / "hosts", dirs_exist_ok=True)
         mirror.kill()
         stop_lab(lab)
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
+    require_root()
+    require_tool("ip", "make", "jq", "ssh-keygen", "ssh-keyscan", "nsenter", "unshare", "debootstrap")
+    with open_box(tmp_path_factory.mktemp("box")) as box:
+        run_scenario(box)
+        yield box
 
 
 def run_scenario(box: Box) -> None:
@@ -144,13 +161,13 @@ def run_scenario(box: Box) -> None:
     box.stages["interrupted"] = interrupted_up(box, "labs-k8s-lb02")
     set_power(lab, "labs-k8s-lb02", on=True)
     hosts.wait_booted(["labs-k8s-lb02"], timeout=300)
-    box.stages["nodes_up"] = lab.engine("up", *_targets(), timeout=1800)
+    box.stages["nodes_up"] = lab.engine("up", *targets(), timeout=1800)
     if not box.stages["nodes_up"].ok:
         return
     box.stages["balancers"] = {name: balancer_facts(hosts.by_name(name)) for name in BALANCERS}
-    box.stages["again"] = lab.engine("preview", *_targets(), expect_no_changes=True)
+    box.stages["again"] = lab.engine("preview", *targets(), expect_no_changes=True)
     box.stages["failover"] = balancer_failover(box)
-    box.stages["after_failover"] = lab.engine("preview", *_targets(), expect_no_changes=True)
+    box.stages["after_failover"] = lab.engine("preview", *targets(), expect_no_changes=True)
     box.stages["rotation"] = ssh_key_rotation(box)
     box.stages["impostor"] = impostor_at(box, "labs-k8s-w01")
     box.stages["export"] = json.dumps(lab.stack_export())
@@ -169,7 +186,7 @@ def interrupted_up(box: Box, name: str) -> dict[str, Any]:
     result: dict[str, Any] = {}
 
     def run() -> None:
-        result["up"] = lab.engine("up", *_targets(), timeout=1800)
+        result["up"] = lab.engine("up", *targets(), timeout=1800)
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -202,15 +219,15 @@ def ssh_key_rotation(box: Box) -> dict[str, Any]:
     events_before = len(hosts.events)
     facts: dict[str, Any] = {}
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:ssh.extraPublicKeys[0]", new_public)
-    facts["first"] = lab.engine("up", *_targets(), timeout=1800)
+    facts["first"] = lab.engine("up", *targets(), timeout=1800)
     facts["trusted_after_first"] = {n: authorized(hosts.by_name(n)) for n in NODES}
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:ssh.publicKey", new_public)
     lab.pulumi("config", "set", *stack, "--secret", "labs-k8s:sshPrivateKey", stdin=new_key.read_text())
     lab.pulumi("config", "rm", *stack, "--path", "labs-k8s:ssh.extraPublicKeys")
-    facts["second"] = lab.engine("up", *_targets(), timeout=1800)
+    facts["second"] = lab.engine("up", *targets(), timeout=1800)
     facts["trusted_after_second"] = {n: authorized(hosts.by_name(n)) for n in NODES}
     facts["power_changes"] = [e for e in hosts.events[events_before:]]
-    facts["again"] = lab.engine("preview", *_targets(), expect_no_changes=True)
+    facts["again"] = lab.engine("preview", *targets(), expect_no_changes=True)
     facts["old_key_login"] = ssh_login(lab, old_key, CFG.all_nodes[0].ip)
     facts["new_key_login"] = ssh_login(lab, new_key, CFG.all_nodes[0].ip)
     facts["keys"] = (old_public.split()[1], new_public.split()[1])
@@ -248,14 +265,14 @@ def impostor_at(box: Box, name: str) -> dict[str, Any]:
     try:
         hosts.wait_booted([impostor.name], timeout=300)
         urn = f"{_LAB}$labs-k8s:fleet:NodeFleet$command:remote:Command::{name}-node-settings"
-        facts["refused"] = lab.engine("up", *_targets(), extra=("--replace", urn), timeout=900)
+        facts["refused"] = lab.engine("up", *targets(), extra=("--replace", urn), timeout=900)
         facts["impostor_sshd_log"] = (impostor.upper / SSHD_LOG).read_text(errors="replace")
     finally:
         hosts.halt_outside_vcenter(impostor)
         hosts.forget(impostor)
         hosts.boot_outside_vcenter(real)
     hosts.wait_booted([name], timeout=300)
-    facts["converged"] = lab.engine("up", *_targets(), timeout=900)
+    facts["converged"] = lab.engine("up", *targets(), timeout=900)
     return facts
 
 
