@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 MAX_AGE_SECONDS = 3 * 24 * 3600
-USER_AGENT_FORWARDED = ("User-Agent",)
 
 
 def _snapshot_path(base: Path, url: str) -> Path | None:
@@ -45,7 +44,20 @@ def _snapshot_path(base: Path, url: str) -> Path | None:
     return base / parts.hostname / parts.path.lstrip("/")
 
 
-class _RecordingProxy(http.server.BaseHTTPRequestHandler):
+class _Proxy(http.server.BaseHTTPRequestHandler):
+    """What both proxies share: a whole body answered with its length, and no stderr log."""
+
+    def _send(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+class _RecordingProxy(_Proxy):
     snapshot: Path
 
     def do_GET(self) -> None:
@@ -64,15 +76,6 @@ class _RecordingProxy(http.server.BaseHTTPRequestHandler):
         target.with_name(target.name + ".part").write_bytes(body)
         target.with_name(target.name + ".part").replace(target)
         self._send(body)
-
-    def _send(self, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: object) -> None:
-        pass
 
 
 def snapshot_key(rootfs: Path, packages: Sequence[str]) -> str:
@@ -121,7 +124,7 @@ def record(rootfs: Path, packages: Sequence[str], cache: Path) -> Path:
     return final
 
 
-class _SnapshotProxy(http.server.BaseHTTPRequestHandler):
+class _SnapshotProxy(_Proxy):
     snapshot: Path
     log: Path
 
@@ -134,14 +137,7 @@ class _SnapshotProxy(http.server.BaseHTTPRequestHandler):
             self.send_error(404, "not in the box's snapshot of the archive")
             return
         assert target is not None
-        body = target.read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: object) -> None:
-        pass
+        self._send(target.read_bytes())
 
 
 def serve(snapshot: Path, listen: str, log: Path) -> None:

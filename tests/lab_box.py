@@ -176,8 +176,8 @@ class LabBox:
         shutil.copy2(HOST_INIT, init)
         sbin = host.upper / "usr/local/sbin"
         sbin.mkdir(parents=True, exist_ok=True)
-        for tool in HOST_SBIN.iterdir():
-            shutil.copy2(tool, sbin / tool.name)
+        for tool in HOST_SBIN.glob("*.sh"):
+            shutil.copy2(tool, sbin / tool.stem)  # systemctl.sh is the host's systemctl
         default_ssh = host.upper / "etc/default/ssh"
         default_ssh.parent.mkdir(parents=True, exist_ok=True)
         default_ssh.write_text(f'# labs-k8s box (test only): sshd logs to a file\nSSHD_OPTS="-E /{SSHD_LOG}"\n')

@@ -59,6 +59,8 @@ BALANCER_PACKAGES = ("haproxy", "keepalived")
 PREFIX = ipaddress.ip_network(CFG.network.cidr).prefixlen
 MIRROR = f"{CFG.network.gateway}:3142"
 _LAB = f"urn:pulumi:mysite::{PROJECT}::labs-k8s:lab:Lab"
+# The worker the scenario adds, then removes: inside network.cidr, no other node's address.
+EXTRA_WORKER = ("labs-k8s-w03", "10.3.60.57")
 # The fleet's remote steps and the balancers, on top of the vSphere layer.
 NODES_AND_BALANCERS = (
     f"{_LAB}$labs-k8s:fleet:NodeFleet$**",
@@ -94,7 +96,7 @@ def open_box(root: Path, workers: list[tuple[str, str]] | None = None) -> Iterat
     iso_sha = hashlib.sha256((served / ISO_NAME).read_bytes()).hexdigest()
     lab = start_lab(root / "lab", vcsim_binary(), served, watch_clones=True)
     data_mounts = {n.name: DATA_DISKS[n.role].mount_point for n in CFG.all_nodes if n.role in DATA_DISKS}
-    data_mounts.update({name: DATA_DISKS[Role.WORKER].mount_point for name, _ in workers or []})
+    data_mounts.update({name: DATA_DISKS[Role.WORKER].mount_point for name, _ in [*(workers or []), EXTRA_WORKER]})
     hosts = LabBox(root / "hosts", lab.netns, rootfs, f"{CFG.network.gateway}/{PREFIX}", data_mounts)
     assert lab.box is not None and lab.box.stdout is not None
     hosts.follow(lab.box.stdout)
@@ -170,7 +172,9 @@ def run_scenario(box: Box) -> None:
     box.stages["after_failover"] = lab.engine("preview", *targets(), expect_no_changes=True)
     box.stages["rotation"] = ssh_key_rotation(box)
     box.stages["impostor"] = impostor_at(box, "labs-k8s-w01")
+    box.stages["worker"] = add_and_remove_worker(box)
     box.stages["export"] = json.dumps(lab.stack_export())
+    box.stages["events_before_destroy"] = len(hosts.events)
     box.stages["destroy"] = lab.make("destroy", timeout=1200)
     if box.stages["destroy"].ok:
         deadline = time.monotonic() + 30
@@ -273,6 +277,30 @@ def impostor_at(box: Box, name: str) -> dict[str, Any]:
         hosts.boot_outside_vcenter(real)
     hosts.wait_booted([name], timeout=300)
     facts["converged"] = lab.engine("up", *targets(), timeout=900)
+    return facts
+
+
+def add_and_remove_worker(box: Box) -> dict[str, Any]:
+    """A worker added to `labs-k8s:nodes.workers.hosts`: its clone gets a host of its own, which
+    boots and takes its steps; removed again: its VM goes, and with it the host and its disk."""
+    lab, hosts = box.lab, box.hosts
+    stack_file = lab.workspace / f"Pulumi.{lab.stack}.yaml"
+    before = stack_file.read_text()
+    settings = yaml.safe_load(before)
+    name, ip = EXTRA_WORKER
+    settings["config"]["labs-k8s:nodes"]["workers"]["hosts"].append({"name": name, "ip": ip})
+    stack_file.write_text(yaml.safe_dump(settings))
+    facts: dict[str, Any] = {"added": lab.engine("up", *targets(), timeout=1800)}
+    if facts["added"].ok:
+        hosts.wait_booted([name], timeout=300)
+        facts["added_host"] = first_boot_facts(hosts.by_name(name))
+    stack_file.write_text(before)
+    facts["removed"] = lab.engine("up", *targets(), timeout=1800)
+    deadline = time.monotonic() + 30
+    while any(h.name == name for h in hosts.hosts.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    facts["hosts_after"] = sorted(h.name for h in hosts.hosts.values())
+    facts["again"] = lab.engine("preview", *targets(), expect_no_changes=True)
     return facts
 
 
@@ -452,6 +480,20 @@ def test_a_host_at_a_nodes_address_without_its_key_is_refused_before_anything_le
     assert facts["converged"].ok, facts["converged"].output[-3000:]
 
 
+def test_a_worker_added_gets_a_host_and_its_steps_and_removed_takes_its_host_with_it(box: Box) -> None:
+    facts = box.stages.get("worker")
+    assert facts, f"the scenario stopped before the worker change: {sorted(box.stages)}"
+    name, ip = EXTRA_WORKER
+    assert facts["added"].ok, facts["added"].output[-3000:]
+    created = facts["added"].summary().get("create", 0)
+    assert created >= 4, facts["added"].summary()  # its VM, clone source, host key seed and steps
+    assert facts["added_host"]["hostname"] == name and f"inet {ip}/{PREFIX}" in facts["added_host"]["address"]
+    assert facts["removed"].ok, facts["removed"].output[-3000:]
+    assert facts["removed"].summary().get("delete", 0) >= 4, facts["removed"].summary()
+    assert facts["hosts_after"] == sorted(NODES), facts["hosts_after"]
+    assert facts["again"].ok, facts["again"].output[-3000:]
+
+
 def test_no_secret_in_clear_in_the_state_or_any_output(box: Box) -> None:
     assert_ok(box, "nodes_up")
     assert_no_clear_secret(box.lab, box.stages["export"], "`pulumi stack export`")
@@ -474,5 +516,6 @@ def test_the_vip_moves_when_its_balancer_is_powered_off_and_one_holds_it_after_p
 def test_make_destroy_empties_vcenter_and_the_box(box: Box) -> None:
     assert_ok(box, "destroy")
     assert box.stages["hosts_after_destroy"] == []
-    gone = {e["name"] for e in box.hosts.events if e["state"] == "gone"}
-    assert gone == set(NODES), box.hosts.events
+    during = box.hosts.events[box.stages["events_before_destroy"] :]
+    gone = {e["name"] for e in during if e["state"] == "gone"}
+    assert gone == set(NODES), during
