@@ -72,7 +72,8 @@ DEFAULT_STUBS: dict[str, str] = {
     "timedatectl": "exit 0",
     "ufw": "exit 0",
     "sysctl": "if [[ $1 == -n ]]; then echo 1; fi",
-    "dpkg": "if [[ $1 == --print-architecture ]]; then echo amd64; fi",
+    # --configure -a finishes what an interrupted run left ($STATE/dpkg-interrupted, see apt-get.bash).
+    "dpkg": 'case $1 in --print-architecture) echo amd64 ;; --configure) rm -f "$STATE/dpkg-interrupted" ;; esac',
     # gpg on the key files curl "downloaded" (their body names the repository): --show-keys gives
     # the primary key's fingerprint ($STATE/gpg-fpr-<repo> overrides it), --import keeps the file
     # in the throwaway GNUPGHOME and --export gives it back. tests/test_k8s_scripts.py runs the

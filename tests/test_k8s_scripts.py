@@ -249,6 +249,21 @@ def test_prepare_node_twice_changes_nothing(harness: ShellHarness, cfg: LabConfi
     assert h.calls_matching("swapoff", "-a") and h.calls_matching("containerd", "config", "dump")
 
 
+def test_prepare_node_finishes_a_dpkg_run_an_earlier_attempt_left_interrupted(
+    harness: ShellHarness, cfg: LabConfig
+) -> None:
+    """A prepare step cut off while dpkg worked (the VM powered off, the step's deadline) leaves dpkg
+    "interrupted", and apt refuses every install until `dpkg --configure -a` (found by the lab in a
+    box on the balancer step, tests/test_lab_box.py): the retry finishes it first, then installs."""
+    h = harness
+    fresh_debian_node(h)
+    h.set_state("dpkg-interrupted", "")
+    h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
+    ok(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert call_index(h, "dpkg", "--configure", "-a") < call_index(h, "apt-get", "install")
+    assert h.calls_matching("apt-get", "install", "kubeadm=1.36.0-1.1")
+
+
 def test_prepare_node_control_plane_puts_etcd_on_the_data_disk(harness: ShellHarness, cfg: LabConfig) -> None:
     h = harness
     fresh_debian_node(h, data_disk_gib=20)

@@ -6,7 +6,8 @@
 # 'x' for 'y' was not found") or a held package it would change without --allow-change-held-packages
 # ("Held packages were changed and -y was used without --allow-change-held-packages") stops it before
 # anything is installed. Other packages come from $STATE/repo, or any version when none is listed.
-# Test knobs: $STATE/apt-update-fails, $STATE/apt-install-fails (a repository that does not answer).
+# Test knobs: $STATE/apt-update-fails, $STATE/apt-install-fails (a repository that does not answer),
+# $STATE/dpkg-interrupted (dpkg cut off mid-run: install refuses until `dpkg --configure -a`).
 mkdir -p "$STATE/dpkg"
 verb=""; pkgs=(); allow_held=0
 for a in "$@"; do
@@ -27,6 +28,8 @@ case $verb in
         sed -n 's#.*https://pkgs.k8s.io/core:/stable:/\(v[0-9.]*\)/deb/.*#\1#p' \
             "$ROOT/etc/apt/sources.list.d/kubernetes.list" 2>/dev/null >"$STATE/apt-index" || true ;;
     install)
+        # An earlier run cut off mid-dpkg (apt-pkg's pkgDPkgPM journal check, the lab in a box's find).
+        [[ -f $STATE/dpkg-interrupted ]] && { echo "E: dpkg was interrupted, you must manually run 'dpkg --configure -a' to correct the problem." >&2; exit 100; }
         resolved=()
         for p in "${pkgs[@]}"; do
             name=${p%%=*}; version=${p#*=}
