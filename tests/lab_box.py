@@ -80,11 +80,6 @@ class NodeHost:
     def upper(self) -> Path:
         return self.directory / "upper"
 
-    def file(self, path: str, lower: Path) -> Path:
-        """`path` (absolute, in the host) as the host sees it: its own layer, else the template's."""
-        own = self.upper / path.lstrip("/")
-        return own if own.exists() or own.is_symlink() else lower / path.lstrip("/")
-
     def boot_log(self) -> str:
         log = self.upper / BOOT_LOG
         return log.read_text(errors="replace") if log.is_file() else ""
