@@ -22,10 +22,22 @@ against vcsim there. The box adds:
 
 What is not a VM here, and says so: systemd is not PID 1 in a host. tests/tools/box/init.sh starts
 what a booted clone runs, in systemd's order (cloud-init's four stages, ifupdown, sshd), and a
-stand-in `systemctl` (tests/tools/box/sbin/) keeps unit state on disk as systemctl does and runs
-services through their packages' init scripts. The data disk of a control plane or worker is a
-tmpfs at its mount point: cloud-init's disk_setup of a real disk is proven in QEMU
-(tests/test_firstboot_qemu.py), and a loop device is not a disk cloud-init will partition.
+stand-in `systemctl` (tests/tools/box/sbin/) keeps unit state on disk as systemctl does, runs
+services through their packages' init scripts, and runs a unit that has none (kubelet,
+containerd) from its ExecStart= under a supervisor (unit-run.sh). The data disk of a control plane
+or worker is an ext4 image file of the VM's own, mounted at its mount point before the host's init
+starts, as cloud-init's disk_setup, fs_setup and mounts leave it at first boot: cloud-init's
+disk_setup of a real disk is proven in QEMU (tests/test_firstboot_qemu.py), and a loop device is
+not a disk cloud-init will partition. The image outlives power cycles (etcd's data survives a
+power-off, as on a VM's disk) and goes with the VM. The kernel is the machine's: /lib/modules of
+its release, or, where the machine has none (everything built in), an index of the built-in
+modules the lab asks modprobe for (`modules_index`). /proc/swaps shows no swap: the machine's swap
+is not the VM's to turn off.
+
+The Kubernetes stand-ins the nodes install (tests/tools/box/standin/, packaged by
+tests/box_repo.py) share one cluster store, a directory of the box's bind-mounted into every host
+(`store`): see tests/tools/box/standin/box_cluster.py for what goes through it and what goes
+through the network.
 """
 
 from __future__ import annotations
@@ -61,6 +73,46 @@ def _ip(*args: str) -> None:
     assert result.returncode == 0, f"ip {' '.join(args)}: {result.stderr}"
 
 
+@dataclass(frozen=True)
+class DataDiskImage:
+    """A node's second disk: where cloud-init mounts it, the label fs_setup gives it, its size."""
+
+    mount_point: str
+    label: str
+    gib: int
+
+
+def modules_index(root: Path, rootfs: Path) -> Path:
+    """What the hosts see as /lib/modules/<release> of the running kernel: the machine's own tree
+    when it has one; otherwise (a kernel with everything built in) an index, made with the
+    template's own depmod, listing as built in the modules prepare-node.sh asks modprobe for,
+    where the kernel offers them (overlay in /proc/filesystems, br_netfilter's sysctls), so that
+    modprobe answers as on that kernel: success for a built-in, "not found" for what it lacks."""
+    release = os.uname().release
+    machine = Path("/lib/modules") / release
+    if machine.is_dir():
+        return machine
+    index = root / "modules"
+    tree = index / "lib/modules" / release
+    tree.mkdir(parents=True, exist_ok=True)
+    builtin = []
+    if "overlay" in Path("/proc/filesystems").read_text().split():
+        builtin.append("kernel/fs/overlayfs/overlay.ko")
+    if Path("/proc/sys/net/bridge/bridge-nf-call-iptables").exists():
+        builtin.append("kernel/net/bridge/br_netfilter.ko")
+    (tree / "modules.builtin").write_text("".join(f"{line}\n" for line in builtin))
+    (tree / "modules.order").write_text("")
+    # depmod from the template (the machine may have no kmod), in a mount namespace of its own so
+    # the cached rootfs is not touched: the index is bind-mounted at its /mnt.
+    script = 'mount --bind "$1" "$2/mnt" && chroot "$2" /sbin/depmod -b /mnt "$3"'
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(index), str(rootfs), release],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"depmod of the modules index failed: {done.stderr}"
+    return tree
+
+
 @dataclass
 class NodeHost:
     """One clone as a host: see the module docstring."""
@@ -72,7 +124,7 @@ class NodeHost:
     directory: Path
     netns: str
     veth: str
-    data_mount: str | None = None
+    data_disk: DataDiskImage | None = None
     proc: subprocess.Popen[bytes] | None = None
     boots: int = 0
 
@@ -115,7 +167,7 @@ class LabBox:
     engine_netns: str
     rootfs: Path  # the sealed template rootfs, every host's lower layer
     gateway: str  # with its prefix, e.g. 10.3.60.1/24: the stack's network.gateway
-    data_mounts: Mapping[str, str] = field(default_factory=dict)  # VM name -> its data disk's mount point
+    data_disks: Mapping[str, DataDiskImage] = field(default_factory=dict)  # VM name -> its second disk
     hosts: dict[str, NodeHost] = field(default_factory=dict)  # by VM uuid
     events: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -123,6 +175,8 @@ class LabBox:
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        self.store.mkdir(mode=0o700, exist_ok=True)
+        self.modules = modules_index(self.root, self.rootfs)
         _ip("-n", self.engine_netns, "link", "add", BRIDGE, "type", "bridge")
         _ip("-n", self.engine_netns, "addr", "add", self.gateway, "dev", BRIDGE)
         _ip("-n", self.engine_netns, "link", "set", BRIDGE, "up")
@@ -160,10 +214,16 @@ class LabBox:
             uuid=facts["uuid"], name=facts["name"], mac=facts["mac"], guestinfo=dict(facts["guestinfo"]),
             directory=directory, netns=f"lk8s-box-{os.getpid()}-{self._count}",
             veth=f"lk8sb{os.getpid() % 1000}n{self._count}",
-            data_mount=self.data_mounts.get(facts["name"]),
+            data_disk=self.data_disks.get(facts["name"]),
         )  # fmt: skip
         for sub in ("upper", "work", "root"):
             (directory / sub).mkdir(parents=True, exist_ok=True)
+        if host.data_disk is not None:
+            # A new VM's new disk, formatted as fs_setup formats it (sparse: the box has no room for
+            # eager-zeroed GiBs).
+            image = host.directory / "data-disk.img"
+            subprocess.run(["truncate", "-s", f"{host.data_disk.gib}G", str(image)], check=True)
+            subprocess.run(["mkfs.ext4", "-q", "-L", host.data_disk.label, str(image)], check=True)
         # The box's own files, in the VM's layer (test only, module docstring): its init and the
         # systemctl stand-in, ahead of /usr/bin in every PATH (sudo's secure_path included).
         init = host.upper / INIT_IN_HOST
@@ -187,13 +247,18 @@ class LabBox:
         _ip(*engine, "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
         _ip("-n", host.netns, "link", "set", "eth0", "address", host.mac)
         _ip("-n", self.engine_netns, "link", "set", host.veth, "master", BRIDGE, "up")
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", **guestinfo_environment(host.guestinfo)}
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", **guestinfo_environment(host.guestinfo),
+            "BOX_STORE": str(self.store), "BOX_MODULES": str(self.modules),
+        }  # fmt: skip
+        disk = host.data_disk
+        data = [str(host.directory / "data-disk.img"), disk.mount_point] if disk is not None else []
         host.boots += 1
         log = (host.directory / "host.log").open("ab")
         host.proc = subprocess.Popen(
             ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--uts", "--pid", "--fork",
              "--propagation", "private", "bash", str(HOST_BOOT), str(host.directory / "root"), str(self.rootfs),
-             str(host.upper), str(host.directory / "work"), host.data_mount or ""],
+             str(host.upper), str(host.directory / "work"), *data],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
         )  # fmt: skip
         log.close()
@@ -218,6 +283,11 @@ class LabBox:
         del self.hosts[host.uuid]
         self.keep_logs(host)
         shutil.rmtree(host.directory, ignore_errors=True)
+
+    @property
+    def store(self) -> Path:
+        """The Kubernetes stand-ins' shared cluster store (module docstring), root-only."""
+        return self.root / "cluster-store"
 
     @property
     def logs(self) -> Path:

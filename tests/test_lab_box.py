@@ -42,7 +42,7 @@ from components.tools.offline import PROJECT
 from components.tools.targets import layer_targets
 from tests.apt_mirror import record
 from tests.firstboot import sealed_rootfs
-from tests.lab_box import SSHD_LOG, LabBox, NodeHost
+from tests.lab_box import SSHD_LOG, DataDiskImage, LabBox, NodeHost
 from tests.labs import make_lab_config
 from tests.pulumi_engine import EngineLab, Result, readme_setup, start_lab, stop_lab
 from tests.requirements import require_root, require_tool
@@ -82,6 +82,20 @@ def targets() -> list[str]:
     return [*layer_targets("mysite", "vsphere"), *NODES_AND_BALANCERS]
 
 
+def data_disks(workers: list[tuple[str, str]] | None) -> dict[str, DataDiskImage]:
+    """Each control plane's and worker's second disk, as the stack configures it (the extra workers'
+    as a worker's)."""
+    disks = {}
+    for node in CFG.all_nodes:
+        if node.role in DATA_DISKS and node.data_disk_gib > 0:
+            disk = DATA_DISKS[node.role]
+            disks[node.name] = DataDiskImage(disk.mount_point, disk.label, node.data_disk_gib)
+    worker = DATA_DISKS[Role.WORKER]
+    for name, _ in [*(workers or []), EXTRA_WORKER]:
+        disks[name] = DataDiskImage(worker.mount_point, worker.label, CFG.nodes.workers.data_disk_gib)
+    return disks
+
+
 @contextlib.contextmanager
 def open_box(root: Path, workers: list[tuple[str, str]] | None = None) -> Iterator[Box]:
     """The box, with a stack made the README's way and the apt proxy set; `workers` (name, ip)
@@ -95,9 +109,7 @@ def open_box(root: Path, workers: list[tuple[str, str]] | None = None) -> Iterat
     shutil.copy2(build_standin_netinst(root / "standin"), served / ISO_NAME)
     iso_sha = hashlib.sha256((served / ISO_NAME).read_bytes()).hexdigest()
     lab = start_lab(root / "lab", vcsim_binary(), served, watch_clones=True)
-    data_mounts = {n.name: DATA_DISKS[n.role].mount_point for n in CFG.all_nodes if n.role in DATA_DISKS}
-    data_mounts.update({name: DATA_DISKS[Role.WORKER].mount_point for name, _ in [*(workers or []), EXTRA_WORKER]})
-    hosts = LabBox(root / "hosts", lab.netns, rootfs, f"{CFG.network.gateway}/{PREFIX}", data_mounts)
+    hosts = LabBox(root / "hosts", lab.netns, rootfs, f"{CFG.network.gateway}/{PREFIX}", data_disks(workers))
     assert lab.box is not None and lab.box.stdout is not None
     hosts.follow(lab.box.stdout)
     mirror_log = lab.artifacts / "apt-mirror.log"

@@ -6,17 +6,30 @@
 # VM's own upper layer, so a replaced VM starts from the template again), the kernel filesystems a
 # booted Debian has, then becomes the host's init (init.sh). systemd is not PID 1 in a box host:
 # init.sh starts what a booted clone runs, in systemd's order.
-# Usage: host-boot.sh ROOT LOWER UPPER WORK [DATA_MOUNT]
+# Usage: host-boot.sh ROOT LOWER UPPER WORK [DATA_IMAGE DATA_MOUNT]
+# The environment names the box's shared pieces (unset before the host's init sees them):
+# BOX_STORE, the directory of the stand-ins' shared cluster store (tests/tools/box/standin/), and
+# BOX_MODULES, the directory to show as /lib/modules/$(uname -r): what the running kernel offers.
 set -euo pipefail
-root=$1 lower=$2 upper=$3 work=$4 data_mount=${5:-}
+root=$1 lower=$2 upper=$3 work=$4 data_image=${5:-} data_mount=${6:-}
+store=${BOX_STORE:-} modules=${BOX_MODULES:-}
+unset BOX_STORE BOX_MODULES
 
 mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$root"
-if [[ -n $data_mount ]]; then
-    # The data disk's stand-in (tests/lab_box.py's docstring says why): a tmpfs at its mount point.
+data_device=""
+if [[ -n $data_image ]]; then
+    # The VM's second disk (tests/lab_box.py's docstring says why it is not a real disk here): the
+    # ext4 filesystem cloud-init's disk_setup/fs_setup/mounts leave on it at first boot, an image
+    # file of the VM's own (kept across power cycles, gone with the VM), mounted at its mount point.
     mkdir -p "$root$data_mount"
-    mount -t tmpfs -o mode=0755 labs-data "$root$data_mount"
+    mount -o loop,noatime "$data_image" "$root$data_mount"
+    data_device=$(findmnt -rno SOURCE --mountpoint "$root$data_mount")
 fi
 mount -t proc proc "$root/proc"
+# A VM's swap is its own: /proc/swaps lists the machine's, which `swapoff -a` in the host would turn
+# off. The host sees none, as a template clone without a swap partition has none.
+: >"$upper/../swaps.empty"
+mount --bind "$upper/../swaps.empty" "$root/proc/swaps"
 # sysfs mounted from inside the network namespace shows that namespace's interfaces only.
 mount -t sysfs sysfs "$root/sys"
 # A /dev of its own, as a container's: the machine's disks are never visible in a host.
@@ -36,4 +49,21 @@ ln -s /proc/self/fd/2 "$root/dev/stderr"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/dev/shm"
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$root/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/tmp"
+if [[ -n $data_device ]]; then
+    # The disk's device node, as udev makes /dev/sdb on a VM: blkid and findmnt read its UUID.
+    read -r major minor < <(stat -L -c '%t %T' "$data_device")
+    mknod -m 0660 "$root$data_device" b "$((16#$major))" "$((16#$minor))"
+fi
+release=$(uname -r)
+if [[ -n $modules ]]; then
+    # The kernel is the machine's: its modules (or the index of those built into it), read-only.
+    mkdir -p "$root/lib/modules/$release"
+    mount --bind -o ro "$modules" "$root/lib/modules/$release"
+fi
+if [[ -n $store ]]; then
+    # The stand-ins' shared cluster store (tests/tools/box/standin/box_cluster.py): what etcd's
+    # replication would share; the stand-ins reach each other only through the box's network.
+    mkdir -p "$root/var/lib/labs-k8s-box/cluster"
+    mount --bind "$store" "$root/var/lib/labs-k8s-box/cluster"
+fi
 exec chroot "$root" /usr/local/lib/labs-k8s-box/init

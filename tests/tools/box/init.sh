@@ -27,12 +27,17 @@ stage /etc/init.d/ssh start
 stage cloud-init modules --mode=config
 stage cloud-init modules --mode=final
 # multi-user.target: every unit enabled there (the package postinsts and `systemctl enable` link
-# them) that has an init script; on a first boot none is yet, on a power-on after the balancer
-# step HAProxy and Keepalived start again as systemd would start them.
+# them); on a first boot none is yet, on a power-on after the balancer step HAProxy and Keepalived
+# start again as systemd would start them, and after prepare-node.sh containerd and the kubelet
+# (native units, no init script: the box's systemctl runs their ExecStart=).
 for unit in /etc/systemd/system/multi-user.target.wants/*.service; do
     name=$(basename "$unit" .service)
-    [[ -e $unit && $name != ssh && -x /etc/init.d/$name ]] || continue
-    stage "/etc/init.d/$name" start
+    [[ -e $unit && $name != ssh ]] || continue
+    if [[ -x /etc/init.d/$name ]]; then
+        stage "/etc/init.d/$name" start
+    elif grep -q '^ExecStart=' "$(readlink -f "$unit")" 2>/dev/null; then
+        stage systemctl start "$name.service"
+    fi
 done
 echo "labs-k8s-box: booted"
 trap 'exit 0' TERM

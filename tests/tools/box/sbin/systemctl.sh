@@ -6,9 +6,12 @@
 # /dev/null under /etc/systemd/system, and is-enabled reads the same links. Package postinsts
 # (deb-systemd-helper) call it with --root=/, which is the same tree here. A service runs through
 # its package's LSB init script (/etc/init.d/NAME start|stop|restart|reload|status), which Debian's
-# haproxy, keepalived and openssh-server ship. A unit with neither an init script nor a process
-# the box runs (systemd-timesyncd: the box has no clock to discipline) is accepted and recorded, so
-# a step that restarts it goes on; every call is logged to /var/log/labs-k8s-box-systemctl.log.
+# haproxy, keepalived and openssh-server ship. A unit without one whose package ships only the
+# systemd unit (kubelet, containerd) runs as systemd runs it: its ExecStart= with its
+# EnvironmentFile= and Environment= (drop-ins in NAME.service.d/ included), restarted after
+# RestartSec= when Restart= says so (tests/tools/box/sbin/unit-run.sh, its supervisor). A unit with
+# neither (systemd-timesyncd: the box has no clock to discipline) is accepted and recorded, so a
+# step that restarts it goes on; every call is logged to /var/log/labs-k8s-box-systemctl.log.
 set -u
 echo "$(date -u +%FT%TZ) systemctl $*" >>/var/log/labs-k8s-box-systemctl.log
 quiet=0
@@ -46,6 +49,48 @@ install_targets() {
             n = split($2, t, /[ \t]+/)
             for (i = 1; i <= n; i++) if (t[i] != "") print ($1 == "WantedBy" ? "wants" : "requires"), t[i]
         }' "$1"
+}
+# A native unit (ExecStart=, no init script), run by its supervisor unit-run.sh, whose pid and
+# state (running, auto-restart, failed) it keeps under /run/labs-k8s-box/units/.
+native_unit() {
+    local verb=$1 unit=$2 dir=/run/labs-k8s-box/units pid state
+    mkdir -p "$dir"
+    pid=$(cat "$dir/$unit.pid" 2>/dev/null || true)
+    state=$(cat "$dir/$unit.state" 2>/dev/null || true)
+    alive() { [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; }
+    stop_it() {
+        if alive; then
+            # The supervisor's process group: the service and whatever it started in its cgroup
+            # (KillMode=control-group); processes that left it (setsid) stay, as systemd's would not:
+            # the kubelet's static pods are containerd's, not the kubelet's.
+            kill -TERM -- "-$pid" 2>/dev/null || true
+            for _ in $(seq 50); do alive || break; sleep 0.1; done
+            kill -KILL -- "-$pid" 2>/dev/null || true
+        fi
+        rm -f "$dir/$unit.pid"
+        echo inactive >"$dir/$unit.state"
+    }
+    start_it() {
+        alive && return 0
+        setsid /usr/local/sbin/unit-run "$unit" </dev/null >>"/var/log/labs-k8s-box-unit-$unit.log" 2>&1 &
+        echo $! >"$dir/$unit.pid"
+        pid=$!
+    }
+    case $verb in
+    start) start_it ;;
+    stop) stop_it ;;
+    restart | reload-or-restart) stop_it; start_it ;;
+    try-restart) if alive; then stop_it; start_it; fi ;;
+    reload) alive || { echo "Job for $unit failed: the unit is not active." >&2; return 1; } ;;
+    is-active)
+        if alive && [[ $state == running ]]; then say active; return 0; fi
+        if alive; then say activating; else say "${state:-inactive}"; fi
+        return 3 ;;
+    status)
+        echo "$unit - ${state:-inactive}${pid:+ (supervisor $pid)}"
+        tail -n 10 "/var/log/labs-k8s-box-unit-$unit.log" 2>/dev/null || true
+        alive && [[ $state == running ]] || return 3 ;;
+    esac
 }
 status_code=0
 case $verb in
@@ -88,6 +133,10 @@ start | stop | restart | reload | try-restart | reload-or-restart | is-active | 
         name=$(name_of "$unit")
         script=/etc/init.d/$name
         [[ $name == sshd ]] && script=/etc/init.d/ssh
+        if [[ ! -x $script ]] && native=$(unit_file "$(unit_of "$unit")") && grep -q '^ExecStart=' "$native"; then
+            native_unit "$verb" "$(unit_of "$unit")" || status_code=$?
+            continue
+        fi
         if [[ ! -x $script ]]; then
             case $verb in
             is-active) say inactive; status_code=3 ;;
