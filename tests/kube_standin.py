@@ -64,13 +64,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,51 @@ JOIN_PHASES = (
 )  # fmt: skip
 # Phases that need the API server (everything after wait-control-plane in init).
 API_PHASES = {"upload-config", "upload-certs", "mark-control-plane", "bootstrap-token", "addon"}
+# How long kubeadm waits (v1beta4 `timeouts`, cmd/kubeadm/app/constants): controlPlaneComponentHealthCheck
+# 4 min, kubernetesAPICall 1 min, etcdAPICall 2 min; the lab in a box's cluster waits these for real.
+CONTROL_PLANE_WAIT_S = 240.0
+API_CALL_WAIT_S = 60.0
+ETCD_JOIN_WAIT_S = 120.0
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a Go duration as kubeadm and kubectl take them ("4m0s", "20s", "1h")."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text)
+    if not parts:
+        return float(text) if re.fullmatch(r"\d+(\.\d+)?", text) else 0.0
+    return sum(float(number) * units[unit] for number, unit in parts)
+
+
+def images_for(version: str) -> list[str]:
+    """`kubeadm config images list --kubernetes-version VERSION`: the images kubeadm of that minor
+    deploys (what prepare-node.sh reads the pause image from)."""
+    version = "v" + version.lstrip("v")
+    return [
+        f"registry.k8s.io/kube-apiserver:{version}",
+        f"registry.k8s.io/kube-controller-manager:{version}",
+        f"registry.k8s.io/kube-scheduler:{version}",
+        f"registry.k8s.io/kube-proxy:{version}",
+        "registry.k8s.io/coredns/coredns:v1.13.1",
+        "registry.k8s.io/pause:3.10.1",
+        f"registry.k8s.io/etcd:{etcd_image_tag(version)}",
+    ]
+
+
+def _older(a: str, b: str) -> bool:
+    """Is version a older than b (v1.35.4 < v1.36.0)?"""
+
+    def key(version: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in re.findall(r"\d+", version))
+
+    return key(a) < key(b)
+
+
+def etcd_image_tag(version: str) -> str:
+    """The etcd release kubeadm of `version`'s minor deploys (constants.SupportedEtcdVersion)."""
+    minor = int(version.lstrip("v").split(".")[1])
+    return "3.6.6-0" if minor >= 34 else "3.5.24-0"
+
 
 CONFS = ("admin.conf", "super-admin.conf", "kubelet.conf", "controller-manager.conf", "scheduler.conf")
 # The kubeconfigs kubeadm points at the node's own API server (localAPIEndpoint), not the VIP.
@@ -149,11 +196,28 @@ class Cluster:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.s = json.loads(self.path.read_text()) if self.path.exists() else empty_state()
             self.collect_garbage()
-            self.bootstrap_kubelets()
+            self.background()
             try:
                 yield self
             finally:
-                self.path.write_text(json.dumps(self.s, indent=1, sort_keys=True))
+                self.save()
+
+    def save(self) -> None:
+        """Write the state whole, by rename: a reader without the lock sees the old state or the new."""
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(self.s, indent=1, sort_keys=True))
+        os.replace(temporary, self.path)
+
+    def background(self) -> None:
+        """What happens in the cluster between two commands: here the kubelets' TLS bootstraps (the
+        lab in a box's kubelets are daemons of their own and do it themselves)."""
+        self.bootstrap_kubelets()
+
+    def wait(self, condition: Callable[[], bool], seconds: float) -> bool:
+        """Where the real tool waits (up to `seconds`) for something another process does: here the
+        model's state is all there is, so the answer is the condition's now (the lab in a box's
+        cluster polls, letting the others work meanwhile)."""
+        return condition()
 
     # -------------------------------------------------------------- time and garbage collection
     @property
@@ -318,6 +382,55 @@ class Cluster:
             return self.apiserver_running(local)
         host = self.host_by_ip(address)
         return host is not None and self.apiserver_running(host)
+
+    # -------------------------------------------------------------- what the API reports
+    def pods(self) -> list[dict[str, Any]]:
+        """The control planes' static pods (their mirror pods), as the kubelets report them."""
+        items = []
+        for name in self.control_plane_hosts():
+            host = self.host(name)
+            for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"):
+                manifest = "etcd.yaml" if component == "etcd" else f"{component}.yaml"
+                if not self.has(name, f"/etc/kubernetes/manifests/{manifest}") or name not in self.s["nodes"]:
+                    continue
+                running = (
+                    self.etcd_running(name)
+                    if component == "etcd"
+                    else (
+                        self.apiserver_running(name)
+                        if component == "kube-apiserver"
+                        else host["up"] and host["kubelet"]
+                    )
+                )
+                items.append(
+                    {
+                        "metadata": {
+                            "name": f"{component}-{name}",
+                            "namespace": "kube-system",
+                            "labels": {"component": component},
+                        },
+                        "spec": {"nodeName": name},
+                        "status": {"phase": "Running" if running else "Pending"},
+                    }
+                )
+        return items
+
+    def node_ready(self, name: str) -> bool:
+        """A kubelet that cannot start, or has no client certificate, posts no status: NotReady."""
+        host = self.s["hosts"].get(name)
+        return bool(
+            host
+            and host["up"]
+            and host["kubelet"]
+            and not host.get("kubelet_crashloop")
+            and self.s["cni"]
+            and self.kubelet_has_client_cert(name)
+        )
+
+    def node_info(self, name: str) -> dict[str, str]:
+        """.status.nodeInfo: the model's kubelets run the version its kubeadm lists images for
+        (`config images`); a test sets another with the node's "kubelet_version"."""
+        return {"kubeletVersion": self.s["nodes"].get(name, {}).get("kubelet_version", KUBELET_VERSION)}
 
     # -------------------------------------------------------------- objects
     def get(self, key: str) -> dict[str, Any] | None:
@@ -635,22 +748,26 @@ class Kubeadm:
                     server = self.local_endpoint() if conf in LOCAL_CONFS else endpoint
                     write(self.root, f"/etc/kubernetes/{conf}", f"clusters:\n- cluster:\n    server: {server}\n")
         elif phase == "etcd":
-            write(self.root, "/etc/kubernetes/manifests/etcd.yaml", "kind: Pod # etcd\n")
+            self.write_manifest("etcd", cluster_cfg)
             if not self.c.s["members"]:  # a new single-member cluster (initial-cluster-state new)
                 self.add_member(learner=False)
         elif phase == "control-plane":
             for manifest in CONTROL_PLANE_MANIFESTS:
-                write(self.root, f"/etc/kubernetes/manifests/{manifest}", f"kind: Pod # {manifest}\n")
+                self.write_manifest(manifest.removesuffix(".yaml"), cluster_cfg)
         elif phase == "kubelet-start":
             self.kubelet_start()
             # The kubelet registers its Node as soon as the API server it just started answers.
             self.register_node()
         elif phase == "wait-control-plane":
-            if not self.c.apiserver_running(self.host):
+            # timeouts.controlPlaneComponentHealthCheck, 4 min by default (v1beta4).
+            if not self.c.wait(lambda: self.c.apiserver_running(self.host), CONTROL_PLANE_WAIT_S):
                 raise Fail("error execution phase wait-control-plane: the control plane did not come up")
             self.register_node()
         elif phase == "upload-config":
-            self.c.put("configmap/kube-system/kubeadm-config")
+            version = str(cluster_cfg.get("kubernetesVersion") or KUBELET_VERSION)
+            self.c.put(
+                "configmap/kube-system/kubeadm-config", {"version": version, "cluster_configuration": cluster_cfg}
+            )
             self.c.put("configmap/kube-system/kubelet-config")
         elif phase == "upload-certs":
             if "--upload-certs" not in self.args:
@@ -676,7 +793,9 @@ class Kubeadm:
                 self.update_or_create_token(token, fail_if_exists=False)
             for name in BOOTSTRAP_RBAC:
                 self.c.put(name)
-            self.c.s["objects"].setdefault("configmap/kube-public/cluster-info", {})
+            info = self.c.s["objects"].setdefault("configmap/kube-public/cluster-info", {})
+            if cluster_cfg.get("controlPlaneEndpoint"):
+                info["server"] = "https://" + cluster_cfg["controlPlaneEndpoint"]
             if "--skip-token-print" not in self.args:
                 for token in init.get("bootstrapTokens", []):
                     print(f"[bootstrap-token] Using token: {token['token']}")
@@ -701,6 +820,29 @@ class Kubeadm:
             pass
         else:
             raise Fail(f"unknown phase {phase}")
+
+    def write_manifest(self, component: str, cluster_cfg: dict[str, Any] | None = None) -> None:
+        """A static pod manifest: a Pod whose one container runs `component`'s image at the cluster's
+        version (etcd at the release kubeadm pins for it, constants.SupportedEtcdVersion)."""
+        version = str((cluster_cfg or {}).get("kubernetesVersion") or self.cluster_version())
+        image = (
+            f"registry.k8s.io/etcd:{etcd_image_tag(version)}"
+            if component == "etcd"
+            else (f"registry.k8s.io/{component}:{version}")
+        )
+        write(
+            self.root,
+            f"/etc/kubernetes/manifests/{component}.yaml",
+            f"apiVersion: v1\nkind: Pod\nmetadata:\n  name: {component}\n  namespace: kube-system\n"
+            f"  labels:\n    component: {component}\nspec:\n  containers:\n  - name: {component}\n"
+            f"    image: {image}\n",
+        )
+
+    def cluster_version(self) -> str:
+        """The kubernetesVersion of the ClusterConfiguration uploaded to kubeadm-config (what a join
+        reads), else this kubeadm's own."""
+        stored = (self.c.get("configmap/kube-system/kubeadm-config") or {}).get("version")
+        return str(stored or KUBELET_VERSION)
 
     def add_member(self, learner: bool) -> None:
         data = secrets.token_hex(8)
@@ -864,7 +1006,7 @@ class Kubeadm:
                     f"clusters:\n- cluster:\n    server: {self.local_endpoint()}\n",
                 )
             for manifest in CONTROL_PLANE_MANIFESTS:
-                write(self.root, f"/etc/kubernetes/manifests/{manifest}", f"kind: Pod # {manifest}\n")
+                self.write_manifest(manifest.removesuffix(".yaml"))
         self.die_after("join", "control-plane-prepare")
         if control_plane:
             # check-etcd (phases/join/checketcd.go -> etcd CheckClusterHealth, util/etcd/etcd.go): the
@@ -885,7 +1027,7 @@ class Kubeadm:
         # API server, and kubelet-start does not wait for the TLS bootstrap there: that API server
         # cannot serve before this node's etcd member runs, so kubelet-wait-bootstrap, after
         # etcd-join, waits. A worker's kubelet-start still waits for it (kubelet.conf, its Node).
-        if self.host in self.c.s["nodes"] and node_ready(self.c, self.host):
+        if self.host in self.c.s["nodes"] and self.c.node_ready(self.host):
             raise Fail(
                 f'error execution phase kubelet-start: a Node with name "{self.host}" and status "Ready" already '
                 "exists in the cluster. You must delete the existing Node or change the name of this new joining Node"
@@ -904,7 +1046,10 @@ class Kubeadm:
                     f"[etcd] The peer URL {member['peer']} for the added etcd member already exists. "
                     "Skipping etcd member addition"
                 )
-            write(self.root, "/etc/kubernetes/manifests/etcd.yaml", "kind: Pod # etcd\n")
+            self.write_manifest("etcd")
+            # The kubelet starts the new member's static pod; kubeadm waits for it to join
+            # (util/etcd.go addMember/MemberPromote retry until the learner is in sync).
+            self.c.wait(lambda: self.c.etcd_running(self.host), ETCD_JOIN_WAIT_S)
             member = self.c.member_of(self.host)
             if member is not None and member.get("data") == self.c.data_id(self.host):
                 member["name"] = self.host  # etcd started: the member publishes its name
@@ -923,7 +1068,7 @@ class Kubeadm:
         if control_plane:
             self.mark_control_plane()
             self.die_after("join", "control-plane-join")
-            if not self.c.apiserver_running(self.host):
+            if not self.c.wait(lambda: self.c.apiserver_running(self.host), CONTROL_PLANE_WAIT_S):
                 raise Fail("error execution phase wait-control-plane: the control plane did not come up")
         self.die_after("join", "wait-control-plane")
 
@@ -936,7 +1081,8 @@ class Kubeadm:
     def mark_control_plane(self) -> None:
         """phases/markcontrolplane: label and taint the Node, which must be registered (PatchNode
         waits for it, then gives up)."""
-        if self.host not in self.c.s["nodes"]:
+        # PatchNode polls for the Node (apiclient.PatchNodeOnce, constants.KubernetesAPICallTimeout).
+        if not self.c.wait(lambda: self.host in self.c.s["nodes"], API_CALL_WAIT_S):
             raise Fail(
                 "error execution phase control-plane-join/mark-control-plane: error applying control-plane label "
                 f'and taints: timed out waiting for the condition (nodes "{self.host}" not found)'
@@ -954,7 +1100,7 @@ class Kubeadm:
             # bootstrap-kubelet.conf, the kubelet restarted; no wait (ControlPlaneKubeletLocalMode).
             discovery = cfg["discovery"]["bootstrapToken"]
             crt = self.discover(discovery)
-            if self.host in self.c.s["nodes"] and node_ready(self.c, self.host):
+            if self.host in self.c.s["nodes"] and self.c.node_ready(self.host):
                 raise Fail(
                     f'error execution phase kubelet-start: a Node with name "{self.host}" and status "Ready" '
                     "already exists in the cluster. You must delete the existing Node or change the name of this "
@@ -1033,19 +1179,139 @@ class Kubeadm:
         write(self.root, "/etc/kubernetes/admin.conf", kubeconfig_text(self.c, server, "kubernetes-admin"))
         print("certificate embedded in the kubeconfig file for the admin to use and for kubeadm itself renewed")
 
+    # -------------------------------------------------------------- upgrade
+    # cmd/kubeadm/app/cmd/upgrade/{plan,apply,node}.go and cmd/kubeadm/app/phases/upgrade/*.go, as
+    # tests/standins/kubeadm.bash models them for the shell harness: the configuration from the
+    # kubeadm-config ConfigMap; preflight health (every control-plane Node Ready, every static pod
+    # manifest on disk); the version policy (one minor at a time, never above kubeadm's own minor;
+    # a patch above kubeadm's own only with --force; --yes or nobody to answer); then each static
+    # pod in turn, its old manifest backed up under /etc/kubernetes/tmp, rolled back with every one
+    # moved so far when it does not come back within 5 min; admin.conf's certificate renewed; the
+    # ClusterConfiguration's version uploaded; the kubelet's configuration written.
+    def own_version(self) -> str:
+        return KUBELET_VERSION
+
+    def component_back(self, component: str, version: str) -> bool:
+        """Did the kubelet restart `component` on the new manifest (its mirror pod's hash changed)?
+        The model's kubelet does at once; the lab in a box's is a daemon and is waited for."""
+        return True
+
+    def upgrade_health_checks(self) -> None:
+        not_ready = sorted(
+            n for n, node in self.c.s["nodes"].items()
+            if "node-role.kubernetes.io/control-plane" in node.get("labels", {}) and not self.c.node_ready(n)
+        )  # fmt: skip
+        if not_ready:
+            raise Fail(f"[ERROR ControlPlaneNodesReady]: there are NotReady control-planes in the cluster: {not_ready}")
+        for component in ("etcd", *(m.removesuffix(".yaml") for m in CONTROL_PLANE_MANIFESTS)):
+            if not self.c.has(self.host, f"/etc/kubernetes/manifests/{component}.yaml"):
+                raise Fail(
+                    "[ERROR StaticPodManifest]: The control plane seems to be Static Pod-hosted, but some of the "
+                    "manifests don't seem to exist on disk."
+                )
+
+    def manifest_tag(self, component: str) -> str:
+        path = self.root / f"etc/kubernetes/manifests/{component}.yaml"
+        match = re.search(r"^\s*image:\s*\S+:(\S+)", path.read_text(), re.M) if path.exists() else None
+        return match.group(1) if match else ""
+
+    def static_pod_upgrade(self, version: str) -> None:
+        stamp = time.strftime("%Y-%m-%d-%H-%M-%S")
+        backup = self.root / f"etc/kubernetes/tmp/kubeadm-backup-manifests-{stamp}"
+        moved: list[str] = []
+        for component in ("etcd", *(m.removesuffix(".yaml") for m in CONTROL_PLANE_MANIFESTS)):
+            tag = etcd_image_tag(version) if component == "etcd" else version
+            if self.manifest_tag(component) == tag:
+                print(f"[upgrade/staticpods] Current and new manifests of {component} are equal, skipping upgrade")
+                continue
+            manifest = self.root / f"etc/kubernetes/manifests/{component}.yaml"
+            backup.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(manifest, backup / manifest.name)
+            moved.append(component)
+            self.write_manifest(component, {"kubernetesVersion": version})
+            print(f'[upgrade/staticpods] Moved new manifest to "/etc/kubernetes/manifests/{component}.yaml"')
+            if not self.c.wait(lambda c=component, t=tag: self.component_back(c, t), 300.0):
+                for name in moved:
+                    shutil.copy2(backup / f"{name}.yaml", self.root / f"etc/kubernetes/manifests/{name}.yaml")
+                raise Fail(
+                    "[upgrade/apply] FATAL: couldn't upgrade control plane. kubeadm has tried to recover everything "
+                    f"into the earlier state. Errors faced: static Pod hash for component {component} on Node "
+                    f"{self.host} did not change after 5m0s: timed out waiting for the condition"
+                )
+            print(f'[upgrade/staticpods] Component "{component}" upgraded successfully!')
+        admin = self.root / "etc/kubernetes/admin.conf"
+        if admin.exists():
+            server = re.search(r"server:\s*(\S+)", admin.read_text()).group(1)
+            write(self.root, "/etc/kubernetes/admin.conf", kubeconfig_text(self.c, server, "kubernetes-admin"))
+            print("[upgrade/staticpods] Renewing admin.conf certificate")
+
+    def upgrade(self) -> None:
+        verb = self.args[1] if len(self.args) > 1 else ""
+        positional = [a for a in self.args[2:] if not a.startswith("-")]
+        force = "--force" in self.args or "-f" in self.args
+        yes = "--yes" in self.args or "-y" in self.args
+        if verb in ("plan", "apply"):
+            self.require_api(f"upgrade/{verb}")
+            current, mine = self.cluster_version(), self.own_version()
+            target = positional[0] if positional else mine
+            print("[upgrade/preflight] Running preflight checks\n[upgrade] Running cluster health checks")
+            self.upgrade_health_checks()
+            print(f"[upgrade/versions] Cluster version: {current}\n[upgrade/versions] kubeadm version: {mine}")
+            if verb == "plan":
+                print(f"COMPONENT   NODE   CURRENT   TARGET\nkube-apiserver   {self.host}   {current}   {target}\n")
+                print("API GROUP                 CURRENT VERSION   PREFERRED VERSION   MANUAL UPGRADE REQUIRED")
+                print("kubeproxy.config.k8s.io   v1alpha1          v1alpha1            no")
+                print("kubelet.config.k8s.io     v1beta1           v1beta1             no\n")
+                return
+            minor = lambda v: int(v.lstrip("v").split(".")[1])  # noqa: E731
+            if minor(target) > minor(current) + 1:
+                raise Fail(
+                    f'[upgrade/preflight] FATAL: Specified version to upgrade to "{target}" is too high; kubeadm can '
+                    "upgrade only 1 minor version at a time"
+                )
+            if minor(target) > minor(mine):
+                raise Fail(
+                    f'[upgrade/preflight] FATAL: Specified version to upgrade to "{target}" is at least one minor '
+                    "release higher than the kubeadm minor release. Such an upgrade is not supported"
+                )
+            if _older(mine, target) and not force:
+                raise Fail(
+                    f'[upgrade/preflight] FATAL: Specified version to upgrade to "{target}" is higher than the kubeadm '
+                    f'version "{mine}". Upgrade kubeadm first using the tool you used to install kubeadm'
+                )
+            if not (yes or force):
+                raise Fail("[upgrade] Are you sure you want to proceed? [y/N]: won't proceed; the user didn't answer")
+            print(f'[upgrade/control-plane] Upgrading your static Pod-hosted control plane to version "{target}"')
+            self.static_pod_upgrade(target)
+            self.die_after("upgrade", "control-plane")
+            stored = self.c.get("configmap/kube-system/kubeadm-config") or {}
+            cluster_cfg = {**stored.get("cluster_configuration", {}), "kubernetesVersion": target}
+            self.c.put(
+                "configmap/kube-system/kubeadm-config", {"version": target, "cluster_configuration": cluster_cfg}
+            )
+            print('[upgrade/upload-config] Storing the configuration used in ConfigMap "kubeadm-config"')
+            write(self.root, "/var/lib/kubelet/config.yaml", f"kind: KubeletConfiguration # {target}\n")
+            print(f'[upgrade] SUCCESS! A control plane node of your cluster was upgraded to "{target}".')
+        elif verb == "node":
+            self.require_api("upgrade/node")
+            version = self.cluster_version()
+            print("[upgrade/preflight] Running pre-flight checks")
+            if self.c.has(self.host, "/etc/kubernetes/manifests/kube-apiserver.yaml"):
+                print(f'[upgrade/control-plane] Upgrading your Static Pod-hosted control plane instance to "{version}"')
+                self.static_pod_upgrade(version)
+            else:
+                print("[upgrade/control-plane] Skipping phase. Not a control plane node.")
+            write(self.root, "/var/lib/kubelet/config.yaml", f"kind: KubeletConfiguration # {version}\n")
+            print("[upgrade] The upgrade for this node was successfully completed!")
+        else:
+            raise Fail(f"unmodelled: kubeadm upgrade {verb}")
+
     def run(self) -> None:
         verb = self.args[0] if self.args else ""
-        if verb == "config" and self.args[1:3] == ["images", "list"]:
-            print(
-                "\n".join(
-                    (
-                        "registry.k8s.io/kube-apiserver:v1.36.0",
-                        "registry.k8s.io/coredns/coredns:v1.13.1",
-                        "registry.k8s.io/pause:3.10.1",
-                        "registry.k8s.io/etcd:3.6.6-0",
-                    )
-                )
-            )
+        if verb == "upgrade":
+            self.upgrade()
+        elif verb == "config" and self.args[1:3] == ["images", "list"]:
+            print("\n".join(images_for(flag(self.args, "--kubernetes-version") or KUBELET_VERSION)))
         elif verb == "init" and len(self.args) > 1 and self.args[1] == "phase":
             self.phase()
         elif verb == "init":
@@ -1117,6 +1383,20 @@ def etcdctl(cluster: Cluster, on_host: str, args: list[str]) -> None:
         )
         if len(running) < len(c.s["members"]):
             raise Fail("Failed to get the status of endpoint(s): context deadline exceeded")
+    elif words[:2] == ["snapshot", "save"]:
+        # client/v3/snapshot/v3_snapshot.go SaveWithVersion: exactly one endpoint; <path>.part,
+        # renamed once the whole snapshot and its trailing sha256 are in (hasChecksum: 32 bytes past
+        # a multiple of 512). The pod's /var/lib/etcd is its node's (kubeadm's etcd-data hostPath).
+        endpoints = (flag(args, "--endpoints") or "").split(",")
+        if len(endpoints) != 1:
+            raise Fail(f"Error: snapshot must be requested to one selected node, not multiple {endpoints}")
+        target = c.root(on_host) / words[2].lstrip("/")
+        if not target.parent.is_dir():
+            raise Fail(f"Error: could not open {words[2]}.part (open {words[2]}.part: no such file or directory)")
+        part = target.with_name(target.name + ".part")
+        part.write_bytes(bytes(4096) + hashlib.sha256(bytes(4096)).digest())
+        part.rename(target)
+        print(f"Snapshot saved at {words[2]}")
     elif words[:2] == ["endpoint", "health"]:
         health = [
             {"endpoint": m["peer"].replace(":2380", ":2379"), "health": c.running_member(m), "took": "9ms"}
@@ -1131,46 +1411,6 @@ def etcdctl(cluster: Cluster, on_host: str, args: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------- kubectl
-
-
-def pods(c: Cluster) -> list[dict[str, Any]]:
-    items = []
-    for name in c.control_plane_hosts():
-        host = c.host(name)
-        for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"):
-            manifest = "etcd.yaml" if component == "etcd" else f"{component}.yaml"
-            if not c.has(name, f"/etc/kubernetes/manifests/{manifest}") or name not in c.s["nodes"]:
-                continue
-            running = (
-                c.etcd_running(name)
-                if component == "etcd"
-                else (c.apiserver_running(name) if component == "kube-apiserver" else host["up"] and host["kubelet"])
-            )
-            items.append(
-                {
-                    "metadata": {
-                        "name": f"{component}-{name}",
-                        "namespace": "kube-system",
-                        "labels": {"component": component},
-                    },
-                    "spec": {"nodeName": name},
-                    "status": {"phase": "Running" if running else "Pending"},
-                }
-            )
-    return items
-
-
-def node_ready(c: Cluster, name: str) -> bool:
-    """A kubelet that cannot start, or has no client certificate, posts no status: NotReady."""
-    host = c.s["hosts"].get(name)
-    return bool(
-        host
-        and host["up"]
-        and host["kubelet"]
-        and not host.get("kubelet_crashloop")
-        and c.s["cni"]
-        and c.kubelet_has_client_cert(name)
-    )
 
 
 def check_client_files(c: Cluster, local: str, kubeconfig: str) -> None:
@@ -1243,19 +1483,17 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
         if kind == "node":
             items = [
                 {
-                    "metadata": {"name": n, "labels": v.get("labels", {})},
+                    "metadata": {"name": n, "labels": v.get("labels", {}), "annotations": v.get("annotations", {})},
                     "spec": {"unschedulable": v.get("unschedulable", False)},
                     "status": {
-                        "conditions": [{"type": "Ready", "status": "True" if node_ready(c, n) else "False"}],
-                        # The model's kubelets run the version its kubeadm lists images for (`config
-                        # images`); a test sets another with the node's "kubelet_version".
-                        "nodeInfo": {"kubeletVersion": v.get("kubelet_version", KUBELET_VERSION)},
+                        "conditions": [{"type": "Ready", "status": "True" if c.node_ready(n) else "False"}],
+                        "nodeInfo": c.node_info(n),
                     },
                 }
                 for n, v in sorted(c.s["nodes"].items())
             ]
         elif kind == "pod":
-            items = pods(c)
+            items = c.pods()
             selector = flag(args, "-l")
             if selector:
                 key, value = selector.split("=")
@@ -1268,7 +1506,7 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
             ]
             if kind == "deployment":
                 for item in items:
-                    ready = any(node_ready(c, n) for n in c.s["nodes"])
+                    ready = any(c.node_ready(n) for n in c.s["nodes"])
                     item["status"] = {"conditions": [{"type": "Available", "status": "True" if ready else "False"}]}
         if name is not None:
             items = [i for i in items if i["metadata"]["name"] == name]
@@ -1276,7 +1514,13 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
                 if "--ignore-not-found" in args:
                     return
                 raise Fail(f'Error from server (NotFound): {kind}s "{name}" not found')
-        if output == "name":
+        if output and output.startswith("jsonpath="):
+            # The one JSONPath the scripts ask: the ClusterConfiguration of kubeadm-config
+            # (upgrade-lib.sh cluster_version), as kubeadm stores it (YAML).
+            if output != "jsonpath={.data.ClusterConfiguration}" or not items:
+                raise Fail(f"unmodelled: kubectl -o {output}")
+            print(f"kind: ClusterConfiguration\nkubernetesVersion: {items[0].get('version', '')}", end="")
+        elif output == "name":
             for item in items:
                 print(f"{kind}/{item['metadata']['name']}")
         elif output == "json":
@@ -1296,6 +1540,29 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
                     "error when evicting pods: Cannot evict pod as it would violate the pod's disruption budget", code
                 )
             print(f"node/{name} drained")
+    elif verb == "uncordon":
+        name = words[1]
+        if name not in c.s["nodes"]:
+            raise Fail(f'Error from server (NotFound): nodes "{name}" not found')
+        c.s["nodes"][name]["unschedulable"] = False
+        print(f"node/{name} uncordoned")
+    elif verb == "annotate":
+        # kubectl annotate: KEY=VALUE sets (an existing key only with --overwrite), KEY- removes.
+        kind, name, change = words[1], words[2], words[3]
+        if kind != "node" or name not in c.s["nodes"]:
+            raise Fail(f'Error from server (NotFound): {kind}s "{name}" not found')
+        annotations = c.s["nodes"][name].setdefault("annotations", {})
+        if change.endswith("-"):
+            annotations.pop(change[:-1], None)
+        else:
+            key, value = change.split("=", 1)
+            if key in annotations and "--overwrite" not in args:
+                raise Fail(
+                    f"error: --overwrite is false but found the following declared annotation(s): "
+                    f"'{key}' already has a value ({annotations[key]})"
+                )
+            annotations[key] = value
+        print(f"node/{name} annotated")
     elif verb == "delete":
         kind, name = words[1], words[2]
         if kind == "node":
