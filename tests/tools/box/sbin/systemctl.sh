@@ -133,7 +133,10 @@ start | stop | restart | reload | try-restart | reload-or-restart | is-active | 
         name=$(name_of "$unit")
         script=/etc/init.d/$name
         [[ $name == sshd ]] && script=/etc/init.d/ssh
-        if [[ ! -x $script ]] && native=$(unit_file "$(unit_of "$unit")") && grep -q '^ExecStart=' "$native"; then
+        # systemd's own daemons (ExecStart= under /lib/systemd/) need systemd as PID 1, and
+        # systemd-timesyncd would set this machine's clock: the box never runs them.
+        if [[ ! -x $script ]] && native=$(unit_file "$(unit_of "$unit")") && grep -q '^ExecStart=' "$native" &&
+            ! grep -qE '^ExecStart=[-@:+!]*(/usr)?/lib/systemd/' "$native"; then
             native_unit "$verb" "$(unit_of "$unit")" || status_code=$?
             continue
         fi

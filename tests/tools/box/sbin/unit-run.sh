@@ -64,9 +64,10 @@ for env_file in "${env_files[@]}"; do
     fi
     while IFS= read -r line; do
         [[ $line =~ ^[[:space:]]*([A-Za-z_][A-Za-z0-9_]*)=(.*)$ ]] || continue
-        value=${BASH_REMATCH[2]}
+        # The name first: the quote match below replaces BASH_REMATCH.
+        name=${BASH_REMATCH[1]} value=${BASH_REMATCH[2]}
         if [[ $value =~ ^\"(.*)\"$ || $value =~ ^\'(.*)\'$ ]]; then value=${BASH_REMATCH[1]}; fi
-        vars[${BASH_REMATCH[1]}]=$value
+        vars[$name]=$value
     done <"$env_file"
 done
 
@@ -98,7 +99,9 @@ while :; do
         mapfile -d '' -t cmd < <(command_words "${line#-}")
         "${cmd[@]}" || [[ $line == -* ]] || echo "unit-run: ExecStartPre failed: $line"
     done
-    mapfile -d '' -t cmd < <(command_words "$exec_start")
+    # Its executable prefixes ("-", "@", ":", "+", "!", "!!": systemd.service(5), "Command lines")
+    # change privileges or failure handling only; a host runs everything as root.
+    mapfile -d '' -t cmd < <(command_words "$(sed -E 's/^[-@:+!]+//' <<<"$exec_start")")
     echo running >"$state_file"
     # The unit's variables are its process's environment too (systemd.exec, Environment=).
     (for name in "${!vars[@]}"; do export "$name=${vars[$name]}"; done; exec "${cmd[@]}") &
