@@ -266,6 +266,10 @@ class Cluster:
         write(root, "/etc/kubernetes/kubelet.conf", kubelet_conf_text(self, server))
         host["kubelet_bootstrap"] = server  # the bootstrap credentials it holds in memory
 
+    def stop_kubelet(self, name: str) -> None:
+        """kubeadm's TryStopKubelet (`systemctl stop kubelet`): its bootstrap in memory is gone."""
+        self.host(name).update(kubelet=False, kubelet_crashloop=False, kubelet_bootstrap=None)
+
     def restart_kubelet(self, name: str) -> None:
         """systemd restarts the kubelet (a package upgrade, `systemctl restart`, or its own exit after
         five minutes without a client certificate)."""
@@ -858,10 +862,15 @@ class Kubeadm:
         )
         write(self.root, "/var/lib/etcd/member/id", data + "\n")
 
-    def kubelet_start(self) -> None:
-        """kubelet-start: the kubelet's configuration, then TryStopKubelet and TryStartKubelet."""
-        write(self.root, "/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n")
+    def kubelet_start(self, workflow: str = "init") -> None:
+        """kubelet-start, in kubeadm's order (cmd/kubeadm/app/cmd/phases/init/kubelet.go
+        runKubeletStart, join/kubelet.go runKubeletStartJoinPhase): TryStopKubelet, then the flags
+        file and the configuration, then TryStartKubelet. Dying between the two ("kubelet-start/written")
+        leaves the files in place and the kubelet stopped."""
+        self.c.stop_kubelet(self.host)
         write(self.root, "/var/lib/kubelet/kubeadm-flags.env", "KUBELET_KUBEADM_ARGS=\n")
+        write(self.root, "/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n")
+        self.die_after(workflow, "kubelet-start/written")
         self.c.start_kubelet(self.host)
 
     def register_node(self) -> None:
@@ -1035,7 +1044,7 @@ class Kubeadm:
         if not (self.root / "etc/kubernetes/pki/ca.crt").exists():
             write(self.root, "/etc/kubernetes/pki/ca.crt", crt.read_text(), 0o644)
         self.write_bootstrap_conf(control_plane, discovery)
-        self.kubelet_start()
+        self.kubelet_start("join")
         self.die_after("join", "kubelet-start")
         if control_plane:
             member = self.c.member_of(self.host)
@@ -1109,7 +1118,7 @@ class Kubeadm:
             if not (self.root / "etc/kubernetes/pki/ca.crt").exists():
                 write(self.root, "/etc/kubernetes/pki/ca.crt", crt.read_text(), 0o644)
             self.write_bootstrap_conf(control_plane, discovery)
-            self.kubelet_start()
+            self.kubelet_start("join")
         elif name[:1] == ["kubelet-wait-bootstrap"]:
             self.discover(cfg["discovery"]["bootstrapToken"])
             self.wait_bootstrap()

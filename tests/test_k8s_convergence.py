@@ -253,6 +253,10 @@ FINISH_AFTER = {
     "wait-control-plane": ["upload-config", "upload-certs", "mark-control-plane", "bootstrap-token",
                            "kubelet-finalize", "addon", "addon"],
     "bootstrap-token": ["kubelet-finalize", "addon", "addon"],
+    # Between TryStopKubelet and TryStartKubelet: the kubelet's files are there, the kubelet is
+    # stopped, so nothing starts the static pods until kubelet-start runs again.
+    "kubelet-start/written": ["kubelet-start", "upload-config", "upload-certs", "mark-control-plane",
+                              "bootstrap-token", "kubelet-finalize", "addon", "addon"],
 }  # fmt: skip
 
 

@@ -96,7 +96,11 @@ finish_init() {
     if missing_file "$MANIFESTS/kube-apiserver.yaml" "$MANIFESTS/kube-controller-manager.yaml" "$MANIFESTS/kube-scheduler.yaml"; then
         phase control-plane all
     fi
-    if missing_file "$ROOT/var/lib/kubelet/config.yaml" "$ROOT/var/lib/kubelet/kubeadm-flags.env"; then
+    # kubelet-start stops the kubelet before it writes these files and starts it after
+    # (phases/init/kubelet.go runKubeletStart): a run cut off in between leaves both files and a
+    # stopped kubelet, so no static pod starts. The phase again is safe (it rewrites and restarts).
+    if missing_file "$ROOT/var/lib/kubelet/config.yaml" "$ROOT/var/lib/kubelet/kubeadm-flags.env" ||
+        ! api_answers "127.0.0.1:$API_PORT"; then
         phase kubelet-start
     fi
     wait_for "$API_WAIT_SECONDS" 5 api_answers "127.0.0.1:$API_PORT" ||

@@ -268,6 +268,10 @@ class BoxCluster(model.Cluster):
         """kubeadm's TryStartKubelet: `systemctl restart kubelet` (initsystem.go)."""
         subprocess.run(["systemctl", "restart", "kubelet"], check=False)
 
+    def stop_kubelet(self, name: str) -> None:
+        """kubeadm's TryStopKubelet: `systemctl stop kubelet` (initsystem.go)."""
+        subprocess.run(["systemctl", "stop", "kubelet"], check=False)
+
     def restart_kubelet(self, name: str) -> None:
         self.start_kubelet(name)
 
@@ -441,9 +445,6 @@ class BoxKubeadm(model.Kubeadm):
         cert, key = serving_cert(pki / "ca.crt", pki / "ca.key", "kube-apiserver", dns, ips)
         model.write(self.root, "/etc/kubernetes/pki/apiserver.crt", cert, 0o644)
         model.write(self.root, "/etc/kubernetes/pki/apiserver.key", key)
-
-    def kubelet_start(self) -> None:
-        super().kubelet_start()
 
     def register_node(self) -> None:
         """The kubelet registers its Node itself, once it has a certificate (daemons.py)."""
