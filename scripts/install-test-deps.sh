@@ -36,6 +36,9 @@ packages=(
   qemu-system-x86 qemu-utils e2fsprogs fdisk openssh-client
   # the impostor proof: real sshd's behind the real pulumi-command, in network namespaces
   openssh-server
+  # the lab in a box's signed apt repositories of stand-in packages (tests/box_repo.py): dpkg-deb
+  # builds them, apt-ftparchive (apt-utils) writes their indices and Release, gpg signs them
+  apt-utils gnupg
   # vcsim and the Pulumi toolchain are built with the machine's own Go from Go modules
   # (tests/tools/build_vcsim.sh, build_toolchain.sh): never Debian's golang-go (1.19, too old).
 )

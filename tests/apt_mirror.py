@@ -13,6 +13,12 @@ every absolute-URI GET from the snapshot and 404 for anything else, logging each
 node's `apt-get update` checks Debian's real signatures, and `apt-get install` fetches the real
 packages, without any node reaching the internet.
 
+With `--repo DIR` (tests/box_repo.py `BoxRepo.root`), `serve` also answers the stand-in
+repositories of pkgs.k8s.io and download.docker.com from DIR, whichever way a node asks: through the
+proxy for the real host (`GET http://pkgs.k8s.io/core:/stable:/…`), through the proxy for a URL
+that is the mirror itself (`GET http://10.3.60.1:3142/pkgs.k8s.io/…`: any host, the repository's
+host first in the path), or straight to the mirror (`GET /pkgs.k8s.io/…`).
+
 A snapshot is re-recorded when it is older than `MAX_AGE_SECONDS`: bookworm-security's InRelease
 carries a Valid-Until a week ahead, and apt refuses an expired one ("Release file ... is expired").
 """
@@ -35,6 +41,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 MAX_AGE_SECONDS = 3 * 24 * 3600
+# The hosts whose stand-in repositories `serve --repo` answers (tests/box_repo.py).
+REPO_HOSTS = ("pkgs.k8s.io", "download.docker.com")
 
 
 def _snapshot_path(base: Path, url: str) -> Path | None:
@@ -42,6 +50,21 @@ def _snapshot_path(base: Path, url: str) -> Path | None:
     if parts.scheme != "http" or not parts.hostname or ".." in parts.path.split("/"):
         return None
     return base / parts.hostname / parts.path.lstrip("/")
+
+
+def _repo_path(repo: Path, request: str) -> Path | None:
+    """The file of `repo` a request names (module docstring: absolute-form for a repository's host
+    or for any host with the repository's host first in the path, or origin-form), or None. apt
+    quotes `~` in a path (`%7E`), so the path is unquoted."""
+    parts = urllib.parse.urlsplit(request)
+    if parts.scheme not in ("", "http"):
+        return None
+    segments = urllib.parse.unquote(parts.path).lstrip("/").split("/")
+    if parts.hostname in REPO_HOSTS:
+        segments = [parts.hostname, *segments]
+    if segments[0] not in REPO_HOSTS or ".." in segments:
+        return None
+    return repo.joinpath(*segments)
 
 
 class _Proxy(http.server.BaseHTTPRequestHandler):
@@ -127,9 +150,12 @@ def record(rootfs: Path, packages: Sequence[str], cache: Path) -> Path:
 class _SnapshotProxy(_Proxy):
     snapshot: Path
     log: Path
+    repo: Path | None = None
 
     def do_GET(self) -> None:
-        target = _snapshot_path(self.snapshot / "archive", self.path)
+        target = _repo_path(self.repo, self.path) if self.repo is not None else None
+        if target is None:
+            target = _snapshot_path(self.snapshot / "archive", self.path)
         found = target is not None and target.is_file()
         with self.log.open("a") as log:
             log.write(f"{time.strftime('%H:%M:%S')} {self.client_address[0]} {'200' if found else '404'} {self.path}\n")
@@ -140,11 +166,13 @@ class _SnapshotProxy(_Proxy):
         self._send(target.read_bytes())
 
 
-def serve(snapshot: Path, listen: str, log: Path) -> None:
+def serve(snapshot: Path, listen: str, log: Path, repo: Path | None = None) -> None:
+    """Answer from `snapshot` (and `repo`, the stand-in repositories) on `listen`, HOST:PORT (port 0:
+    any free one); prints `MIRROR http://HOST:PORT` once it listens."""
     host, port = listen.rsplit(":", 1)
-    handler = type("Mirror", (_SnapshotProxy,), {"snapshot": snapshot, "log": log})
+    handler = type("Mirror", (_SnapshotProxy,), {"snapshot": snapshot, "log": log, "repo": repo})
     server = http.server.ThreadingHTTPServer((host, int(port)), handler)
-    print(f"MIRROR http://{listen}", flush=True)
+    print(f"MIRROR http://{host}:{server.server_address[1]}", flush=True)
     server.serve_forever()
 
 
@@ -155,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     serving.add_argument("snapshot", type=Path)
     serving.add_argument("listen")
     serving.add_argument("--log", type=Path, required=True)
+    serving.add_argument("--repo", type=Path, help="the stand-in repositories (tests/box_repo.py BoxRepo.root)")
     args = parser.parse_args(argv)
-    serve(args.snapshot, args.listen, args.log)
+    serve(args.snapshot, args.listen, args.log, args.repo)
     return 0
 
 

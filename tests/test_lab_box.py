@@ -9,8 +9,8 @@ on those hosts: host keys, readiness, node settings, and HAProxy and Keepalived 
 Debian's real, signed packages through the stack's apt proxy (tests/apt_mirror.py), holding the
 VIP. A second preview changes nothing; `make destroy` empties vCenter and the box.
 
-Not here yet (issue #31 goes on): the Kubernetes steps (they need the signed repository of
-stand-in packages), the drills and the failure cases on the box, `make box`. docs/testing.md,
+Not here yet (issue #31 goes on): the Kubernetes steps (their signed repositories of stand-in
+packages: tests/box_repo.py), the drills and the failure cases on the box, `make box`. docs/testing.md,
 "The lab in a box", says what is real and what is simulated.
 """
 
@@ -41,6 +41,7 @@ from components.template import CACHE_ROOT
 from components.tools.offline import PROJECT
 from components.tools.targets import layer_targets
 from tests.apt_mirror import record
+from tests.box_repo import STANDIN_DEPENDS
 from tests.firstboot import sealed_rootfs
 from tests.lab_box import SSHD_LOG, DataDiskImage, LabBox, NodeHost
 from tests.labs import make_lab_config
@@ -56,6 +57,14 @@ NODES = [node.name for node in CFG.all_nodes]
 BALANCERS = [node.name for node in CFG.balancers]
 # What the balancer step installs (cloudinit/lb/setup-balancer.sh), recorded from Debian's archive.
 BALANCER_PACKAGES = ("haproxy", "keepalived")
+# What the Kubernetes steps install from Debian's archive (cloudinit/k8s/prepare-node.sh
+# install_base_packages and configure_time), then what the stand-in packages of tests/box_repo.py
+# depend on from it (STANDIN_DEPENDS; kubelet's iptables, mount and util-linux are above or in every
+# node). For one the template already has, apt records only a newer version, if the archive has one.
+NODE_PACKAGES = (
+    "ca-certificates", "curl", "gnupg", "ethtool", "jq", "conntrack", "socat", "iptables", "iputils-arping",
+    "systemd-timesyncd", *STANDIN_DEPENDS,
+)  # fmt: skip
 PREFIX = ipaddress.ip_network(CFG.network.cidr).prefixlen
 MIRROR = f"{CFG.network.gateway}:3142"
 _LAB = f"urn:pulumi:mysite::{PROJECT}::labs-k8s:lab:Lab"
@@ -103,7 +112,7 @@ def open_box(root: Path, workers: list[tuple[str, str]] | None = None) -> Iterat
     from tests.vcsim import vcsim_binary
 
     rootfs = sealed_rootfs(CFG)
-    snapshot = record(rootfs, BALANCER_PACKAGES, CACHE_ROOT / "box-mirror")
+    snapshot = record(rootfs, (*BALANCER_PACKAGES, *NODE_PACKAGES), CACHE_ROOT / "box-mirror")
     served = root / "iso"
     served.mkdir(parents=True)
     shutil.copy2(build_standin_netinst(root / "standin"), served / ISO_NAME)
