@@ -1,4 +1,4 @@
-"""The lab in a box (issue #31), first part: the nodes and the balancers of `make up`, for real.
+"""The lab in a box (issue #31): the whole `make up`, for real, on a host per clone.
 
 One scenario per run (the `box` fixture, module scope), on the real CLI, language host and
 plugins (tests/pulumi_engine.py): `make up LAYER=vsphere` clones the seven VMs in vcsim; each clone
@@ -16,6 +16,7 @@ packages: tests/box_repo.py), the drills and the failure cases on the box, `make
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import ipaddress
@@ -41,7 +42,8 @@ from components.template import CACHE_ROOT
 from components.tools.offline import PROJECT
 from components.tools.targets import layer_targets
 from tests.apt_mirror import record
-from tests.box_repo import STANDIN_DEPENDS
+from tests.box_repo import STANDIN_DEPENDS, BoxRepo
+from tests.box_repo import build as build_box_repo
 from tests.firstboot import sealed_rootfs
 from tests.lab_box import SSHD_LOG, DataDiskImage, LabBox, NodeHost
 from tests.labs import make_lab_config
@@ -66,6 +68,9 @@ NODE_PACKAGES = (
     "systemd-timesyncd", *STANDIN_DEPENDS,
 )  # fmt: skip
 PREFIX = ipaddress.ip_network(CFG.network.cidr).prefixlen
+# The box's stack installs the first of the two stand-in releases the repository serves, so the
+# upgrade has a newer one to go to (tests/box_repo.py).
+BOX_KUBERNETES_VERSION = "1.35.4"
 MIRROR = f"{CFG.network.gateway}:3142"
 _LAB = f"urn:pulumi:mysite::{PROJECT}::labs-k8s:lab:Lab"
 # The worker the scenario adds, then removes: inside network.cidr, no other node's address.
@@ -84,6 +89,7 @@ class Box:
     hosts: LabBox
     rootfs: Path
     mirror_log: Path
+    repo: BoxRepo
     stages: dict[str, Any] = field(default_factory=dict)
 
 
@@ -113,6 +119,7 @@ def open_box(root: Path, workers: list[tuple[str, str]] | None = None) -> Iterat
 
     rootfs = sealed_rootfs(CFG)
     snapshot = record(rootfs, (*BALANCER_PACKAGES, *NODE_PACKAGES), CACHE_ROOT / "box-mirror")
+    repo = build_box_repo(CACHE_ROOT / "box-repo")
     served = root / "iso"
     served.mkdir(parents=True)
     shutil.copy2(build_standin_netinst(root / "standin"), served / ISO_NAME)
@@ -125,7 +132,7 @@ def open_box(root: Path, workers: list[tuple[str, str]] | None = None) -> Iterat
     lab.artifacts.mkdir(parents=True, exist_ok=True)
     mirror = subprocess.Popen(
         lab.in_lab(str(lab.workspace / ".venv/bin/python"), "-m", "tests.apt_mirror", "serve", str(snapshot), MIRROR,
-                   "--log", str(mirror_log), trusted=False),
+                   "--log", str(mirror_log), "--repo", str(repo.root), trusted=False),
         cwd=lab.workspace, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -133,13 +140,24 @@ def open_box(root: Path, workers: list[tuple[str, str]] | None = None) -> Iterat
         assert mirror.stdout.readline().startswith("MIRROR"), "the apt mirror did not start"
         readme_setup(lab, iso_sha256=iso_sha, iso_name=ISO_NAME)
         stack = ["--stack", lab.stack]
-        lab.pulumi("config", "set", *stack, "--path", "labs-k8s:mirrors.aptProxy", f"http://{MIRROR}")
+        settings = {
+            "mirrors.aptProxy": f"http://{MIRROR}",
+            # The stand-in packages' repositories, on the mirror, signed by the box's own keys.
+            "mirrors.kubernetesRepository.url": BoxRepo.kubernetes_url(MIRROR),
+            "mirrors.kubernetesRepository.keyFingerprint": repo.kubernetes_fingerprint,
+            "mirrors.containerdRepository.url": BoxRepo.containerd_url(MIRROR),
+            "mirrors.containerdRepository.keyFingerprint": repo.containerd_fingerprint,
+            "kubernetes.version": BOX_KUBERNETES_VERSION,
+        }
+        for key, value in settings.items():
+            lab.pulumi("config", "set", *stack, "--path", f"labs-k8s:{key}", value)
         if workers is not None:
             stack_file = lab.workspace / f"Pulumi.{lab.stack}.yaml"
-            settings = yaml.safe_load(stack_file.read_text())
-            settings["config"]["labs-k8s:nodes"]["workers"]["hosts"] = [{"name": n, "ip": ip} for n, ip in workers]
-            stack_file.write_text(yaml.safe_dump(settings))
-        yield Box(lab, hosts, rootfs, mirror_log)
+            stack_settings = yaml.safe_load(stack_file.read_text())
+            hosts_setting = [{"name": n, "ip": ip} for n, ip in workers]
+            stack_settings["config"]["labs-k8s:nodes"]["workers"]["hosts"] = hosts_setting
+            stack_file.write_text(yaml.safe_dump(stack_settings))
+        yield Box(lab, hosts, rootfs, mirror_log, repo)
     finally:
         if os.environ.get("LABS_K8S_BOX_HOLD"):  # debugging: keep the box up to look inside
             (root / "HOLDING").write_text(str(os.getpid()))
@@ -184,24 +202,94 @@ def run_scenario(box: Box) -> None:
     box.stages["interrupted"] = interrupted_up(box, "labs-k8s-lb02")
     set_power(lab, "labs-k8s-lb02", on=True)
     hosts.wait_booted(["labs-k8s-lb02"], timeout=300)
-    box.stages["nodes_up"] = lab.engine("up", *targets(), timeout=1800)
-    if not box.stages["nodes_up"].ok:
+    # The rest of the graph, as a user runs it: every Kubernetes step to verify-cluster.
+    box.stages["cluster_up"] = lab.make("up", args="--yes", timeout=2400)
+    if not box.stages["cluster_up"].ok:
         return
     box.stages["balancers"] = {name: balancer_facts(hosts.by_name(name)) for name in BALANCERS}
-    box.stages["again"] = lab.engine("preview", *targets(), expect_no_changes=True)
+    box.stages["cluster"] = cluster_facts(box)
+    box.stages["kubeconfig"] = kubeconfig_through_vip(box)
+    box.stages["again"] = lab.engine("preview", expect_no_changes=True)
+    box.stages["up_again"] = lab.make("up", args="--yes", timeout=1800)
     box.stages["failover"] = balancer_failover(box)
-    box.stages["after_failover"] = lab.engine("preview", *targets(), expect_no_changes=True)
+    box.stages["after_failover"] = lab.engine("preview", expect_no_changes=True)
     box.stages["rotation"] = ssh_key_rotation(box)
     box.stages["impostor"] = impostor_at(box, "labs-k8s-w01")
     box.stages["worker"] = add_and_remove_worker(box)
     box.stages["export"] = json.dumps(lab.stack_export())
+    box.stages["store_before_destroy"] = cluster_store(hosts)
     box.stages["events_before_destroy"] = len(hosts.events)
-    box.stages["destroy"] = lab.make("destroy", timeout=1200)
+    box.stages["destroy"] = lab.make("destroy", args="--yes", timeout=1800)
     if box.stages["destroy"].ok:
         deadline = time.monotonic() + 30
         while hosts.hosts and time.monotonic() < deadline:
             time.sleep(0.5)
         box.stages["hosts_after_destroy"] = sorted(h.name for h in hosts.hosts.values())
+        box.stages["store_after_destroy"] = cluster_store(hosts)
+
+
+def cluster_store(hosts: LabBox) -> dict[str, Any]:
+    """The Kubernetes stand-ins' shared store (what etcd holds): the Nodes and the etcd members."""
+    path = hosts.store / "cluster.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def cluster_facts(box: Box) -> dict[str, Any]:
+    """What a control plane's kubectl and etcdctl say, and what each node installed from the box's
+    repositories (apt's own view: version, hold, origin)."""
+    first = box.hosts.by_name(CFG.control_planes[0].name)
+
+    def out(host: NodeHost, *argv: str) -> str:
+        result = host.run(*argv, timeout=120)
+        return f"[{result.returncode}] {(result.stdout + result.stderr).strip()}"
+
+    kube = ("env", "KUBECONFIG=/etc/kubernetes/admin.conf")
+    facts: dict[str, Any] = {
+        "nodes": out(first, *kube, "kubectl", "get", "nodes", "-o", "json"),
+        "pods": out(first, *kube, "kubectl", "-n", "kube-system", "get", "pods", "-o", "json"),
+        "packages": {},
+    }
+    for node in CFG.kubernetes_nodes:
+        host = box.hosts.by_name(node.name)
+        facts["packages"][node.name] = {
+            "installed": out(host, "dpkg-query", "-W", "-f", "${Package} ${Version}\\n",
+                             "kubeadm", "kubelet", "kubectl", "containerd.io"),
+            "held": out(host, "apt-mark", "showhold"),
+            "policy": out(host, "apt-cache", "policy", "kubeadm"),
+            "kubelet": out(host, "systemctl", "is-active", "kubelet"),
+        }  # fmt: skip
+    return facts
+
+
+def kubeconfig_through_vip(box: Box) -> dict[str, Any]:
+    """The stack's `kubeconfig` output, used from the CLI's namespace with a real TLS client (curl):
+    its server is the VIP, its CA pins the API server's certificate, its client certificate logs in."""
+    lab = box.lab
+    shown = lab.pulumi("stack", "output", "--stack", lab.stack, "--show-secrets", "kubeconfig").stdout
+    config = yaml.safe_load(shown)
+    cluster = config["clusters"][0]["cluster"]
+    user = config["users"][0]["user"]
+    material = lab.root / "kubeconfig-material"
+    material.mkdir(mode=0o700, exist_ok=True)
+    for name, data in (
+        ("ca.crt", cluster["certificate-authority-data"]),
+        ("client.crt", user["client-certificate-data"]),
+        ("client.key", user["client-key-data"]),
+    ):
+        (material / name).write_bytes(base64.b64decode(data))  # fmt: skip
+
+    def curl(*extra: str) -> subprocess.CompletedProcess[str]:
+        argv = ["curl", "-sS", "--max-time", "10", "--cacert", str(material / "ca.crt"), *extra,
+                f"{cluster['server']}/api"]  # fmt: skip
+        return subprocess.run(lab.in_lab(*argv, trusted=False), capture_output=True, text=True, check=False)
+
+    facts = {
+        "server": cluster["server"],
+        "with_client_cert": curl("--cert", str(material / "client.crt"), "--key", str(material / "client.key")),
+        "anonymous": curl(),
+    }
+    shutil.rmtree(material)
+    return facts
 
 
 def interrupted_up(box: Box, name: str) -> dict[str, Any]:
@@ -244,15 +332,15 @@ def ssh_key_rotation(box: Box) -> dict[str, Any]:
     events_before = len(hosts.events)
     facts: dict[str, Any] = {}
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:ssh.extraPublicKeys[0]", new_public)
-    facts["first"] = lab.engine("up", *targets(), timeout=1800)
+    facts["first"] = lab.engine("up", timeout=1800)
     facts["trusted_after_first"] = {n: authorized(hosts.by_name(n)) for n in NODES}
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:ssh.publicKey", new_public)
     lab.pulumi("config", "set", *stack, "--secret", "labs-k8s:sshPrivateKey", stdin=new_key.read_text())
     lab.pulumi("config", "rm", *stack, "--path", "labs-k8s:ssh.extraPublicKeys")
-    facts["second"] = lab.engine("up", *targets(), timeout=1800)
+    facts["second"] = lab.engine("up", timeout=1800)
     facts["trusted_after_second"] = {n: authorized(hosts.by_name(n)) for n in NODES}
     facts["power_changes"] = [e for e in hosts.events[events_before:]]
-    facts["again"] = lab.engine("preview", *targets(), expect_no_changes=True)
+    facts["again"] = lab.engine("preview", expect_no_changes=True)
     facts["old_key_login"] = ssh_login(lab, old_key, CFG.all_nodes[0].ip)
     facts["new_key_login"] = ssh_login(lab, new_key, CFG.all_nodes[0].ip)
     facts["keys"] = (old_public.split()[1], new_public.split()[1])
@@ -290,14 +378,14 @@ def impostor_at(box: Box, name: str) -> dict[str, Any]:
     try:
         hosts.wait_booted([impostor.name], timeout=300)
         urn = f"{_LAB}$labs-k8s:fleet:NodeFleet$command:remote:Command::{name}-node-settings"
-        facts["refused"] = lab.engine("up", *targets(), extra=("--replace", urn), timeout=900)
+        facts["refused"] = lab.engine("up", extra=("--replace", urn), timeout=900)
         facts["impostor_sshd_log"] = (impostor.upper / SSHD_LOG).read_text(errors="replace")
     finally:
         hosts.halt_outside_vcenter(impostor)
         hosts.forget(impostor)
         hosts.boot_outside_vcenter(real)
     hosts.wait_booted([name], timeout=300)
-    facts["converged"] = lab.engine("up", *targets(), timeout=900)
+    facts["converged"] = lab.engine("up", timeout=900)
     return facts
 
 
@@ -311,17 +399,19 @@ def add_and_remove_worker(box: Box) -> dict[str, Any]:
     name, ip = EXTRA_WORKER
     settings["config"]["labs-k8s:nodes"]["workers"]["hosts"].append({"name": name, "ip": ip})
     stack_file.write_text(yaml.safe_dump(settings))
-    facts: dict[str, Any] = {"added": lab.engine("up", *targets(), timeout=1800)}
+    facts: dict[str, Any] = {"added": lab.engine("up", timeout=1800)}
     if facts["added"].ok:
         hosts.wait_booted([name], timeout=300)
         facts["added_host"] = first_boot_facts(hosts.by_name(name))
+    facts["store_after_add"] = cluster_store(hosts)
     stack_file.write_text(before)
-    facts["removed"] = lab.engine("up", *targets(), timeout=1800)
+    facts["removed"] = lab.engine("up", timeout=1800)
+    facts["store_after_remove"] = cluster_store(hosts)
     deadline = time.monotonic() + 30
     while any(h.name == name for h in hosts.hosts.values()) and time.monotonic() < deadline:
         time.sleep(0.5)
     facts["hosts_after"] = sorted(h.name for h in hosts.hosts.values())
-    facts["again"] = lab.engine("preview", *targets(), expect_no_changes=True)
+    facts["again"] = lab.engine("preview", expect_no_changes=True)
     return facts
 
 
@@ -456,11 +546,11 @@ def test_a_balancer_powered_off_while_its_step_installs_fails_the_step_in_bounds
     assert not up.ok, up.output[-3000:]
     assert "labs-k8s-lb02-lb-setup" in up.output, up.output[-3000:]
     assert facts["failed_after_s"] < 300, facts["failed_after_s"]
-    assert_ok(box, "nodes_up")
+    assert_ok(box, "cluster_up")
 
 
 def test_the_fleet_and_balancer_steps_run_over_real_ssh_on_the_hosts(box: Box) -> None:
-    up = assert_ok(box, "nodes_up")
+    up = assert_ok(box, "cluster_up")
     assert up.summary().get("create", 0) >= 1, up.summary()  # the rest was made by the interrupted up
     for name, seen in box.stages["balancers"].items():
         assert seen["haproxy"].startswith("[0]") and seen["keepalived"].startswith("[0]"), (name, seen)
@@ -471,8 +561,54 @@ def test_the_fleet_and_balancer_steps_run_over_real_ssh_on_the_hosts(box: Box) -
     assert re.search(r" 200 http://deb\.debian\.org/debian(-security)?/pool/\S+/haproxy_", fetched), fetched[-2000:]
 
 
-def test_a_second_preview_changes_nothing(box: Box) -> None:
+def test_the_whole_make_up_builds_the_cluster_on_the_hosts_through_the_vip(box: Box) -> None:
+    """`make up` from the vSphere half to verify-cluster: every node installed the pinned stand-in
+    packages from the box's signed repositories through the apt proxy and holds them; kubeadm init,
+    the joins and Flannel went through the VIP; every Node is Ready at the pinned version and every
+    control plane runs its static pods."""
+    assert_ok(box, "cluster_up")
+    facts = box.stages["cluster"]
+    assert facts["nodes"].startswith("[0]"), facts["nodes"]
+    nodes = {n["metadata"]["name"]: n for n in json.loads(facts["nodes"][4:])["items"]}
+    assert sorted(nodes) == sorted(n.name for n in CFG.kubernetes_nodes), sorted(nodes)
+    for name, node in nodes.items():
+        ready = [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready == ["True"], (name, node["status"])
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == f"v{BOX_KUBERNETES_VERSION}", (name, node["status"])
+    pods = {p["metadata"]["name"]: p["status"]["phase"] for p in json.loads(facts["pods"][4:])["items"]}
+    for node in CFG.control_planes:
+        for component in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            assert pods.get(f"{component}-{node.name}") == "Running", (component, node.name, pods)
+    kubernetes_deb = box.repo.kubernetes_versions[BOX_KUBERNETES_VERSION.rsplit(".", 1)[0]]
+    for name, seen in facts["packages"].items():
+        assert f"kubeadm {kubernetes_deb}" in seen["installed"], (name, seen)
+        assert f"kubelet {kubernetes_deb}" in seen["installed"], (name, seen)
+        assert f"containerd.io {box.repo.containerd_versions[0]}" in seen["installed"], (name, seen)
+        for package in ("kubeadm", "kubelet", "kubectl", "containerd.io"):
+            assert package in seen["held"].split(), (name, seen["held"])
+        assert f"http://{MIRROR}/pkgs.k8s.io/core:/stable:/v" in seen["policy"], (name, seen["policy"])
+        assert seen["kubelet"] == "[0] active", (name, seen)
+    fetched = box.mirror_log.read_text()
+    assert re.search(r" 200 \S*/pkgs\.k8s\.io/core:/stable:/v1\.35/deb/InRelease", fetched), fetched[-2000:]
+    assert re.search(r" 200 \S*/download\.docker\.com/linux/debian/dists/\S+/containerd\.io_", fetched), fetched[-2000:]
+
+
+def test_the_kubeconfig_output_works_through_the_vip(box: Box) -> None:
+    """From the CLI's namespace: the output's server is the VIP, its CA verifies the API server
+    behind HAProxy, its client certificate is accepted; without it the API refuses."""
+    assert_ok(box, "cluster_up")
+    facts = box.stages["kubeconfig"]
+    assert facts["server"] == f"https://{CFG.load_balancer.vip}:6443", facts["server"]
+    authenticated = facts["with_client_cert"]
+    assert authenticated.returncode == 0 and '"APIVersions"' in authenticated.stdout, authenticated
+    assert '"Unauthorized"' in facts["anonymous"].stdout, facts["anonymous"]
+
+
+def test_a_second_make_up_changes_nothing(box: Box) -> None:
+    """`pulumi preview --expect-no-changes` first, then `make up`: no resource changes."""
     assert_ok(box, "again")
+    again = assert_ok(box, "up_again")
+    assert again.summary() == {}, again.summary()
 
 
 def test_the_documented_ssh_key_rotation_on_the_hosts(box: Box) -> None:
@@ -512,11 +648,14 @@ def test_a_worker_added_gets_a_host_and_its_steps_and_removed_takes_its_host_wit
     assert facts["removed"].ok, facts["removed"].output[-3000:]
     assert facts["removed"].summary().get("delete", 0) >= 4, facts["removed"].summary()
     assert facts["hosts_after"] == sorted(NODES), facts["hosts_after"]
+    # It joined the cluster; removed, its leave guard drained it and deleted its Node.
+    assert name in facts["store_after_add"].get("nodes", {}), sorted(facts["store_after_add"].get("nodes", {}))
+    assert name not in facts["store_after_remove"].get("nodes", {}), sorted(facts["store_after_remove"]["nodes"])
     assert facts["again"].ok, facts["again"].output[-3000:]
 
 
 def test_no_secret_in_clear_in_the_state_or_any_output(box: Box) -> None:
-    assert_ok(box, "nodes_up")
+    assert_ok(box, "cluster_up")
     assert_no_clear_secret(box.lab, box.stages["export"], "`pulumi stack export`")
     for result in box.lab.results:
         assert_no_clear_secret(box.lab, result.output, result.log.name)
@@ -535,8 +674,21 @@ def test_the_vip_moves_when_its_balancer_is_powered_off_and_one_holds_it_after_p
 
 
 def test_make_destroy_empties_vcenter_and_the_box(box: Box) -> None:
-    assert_ok(box, "destroy")
+    """The teardown guard goes first, so the leave guards drain nothing and delete no Node: the
+    cluster's store after `make destroy` holds every Node as before, none cordoned."""
+    destroy = assert_ok(box, "destroy")
     assert box.stages["hosts_after_destroy"] == []
+    deletes = [
+        e["resourcePreEvent"]["metadata"]["urn"].rsplit("::", 1)[1]
+        for e in destroy.event_log()
+        if e.get("resourcePreEvent", {}).get("metadata", {}).get("op") == "delete"
+        and "command:remote:Command" in e["resourcePreEvent"]["metadata"]["urn"]
+    ]
+    assert deletes and deletes[0] == "teardown-guard", deletes
+    before = box.stages["store_before_destroy"].get("nodes", {})
+    after = box.stages["store_after_destroy"].get("nodes", {})
+    assert sorted(after) == sorted(before) and len(after) == len(CFG.kubernetes_nodes), (before, after)
+    assert not [name for name, node in after.items() if node.get("unschedulable")], after
     during = box.hosts.events[box.stages["events_before_destroy"] :]
     gone = {e["name"] for e in during if e["state"] == "gone"}
     assert gone == set(NODES), during
