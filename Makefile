@@ -23,7 +23,7 @@ PIP := $(VENV)/bin/pip
 # Our lock files hold PyPI hashes: ignore machine-wide pip settings (extra indexes, find-links).
 PIP_ENV := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=
 
-.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain kubeadm stack-named
+.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain kubeadm stack-named box box-down
 
 help:
 	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack \$$STACK"
@@ -39,6 +39,8 @@ help:
 	@echo "make lint     ruff (lint and format), mypy, the import contracts and shellcheck"
 	@echo "make venv     only the virtualenv .venv with the pinned runtime dependencies (Python 3.11+)"
 	@echo "make lock     renew requirements*.txt (pinned, with hashes) from requirements*.in"
+	@echo "make box      no vCenter? the lab in a box (Linux, root): vcsim and a host per VM, then make up"
+	@echo "make box-down remove everything make box made"
 	@echo "make bench    print the benchmarks' figures (as root: the failover bench runs in network namespaces)"
 
 $(VENV)/.runtime: requirements.txt
@@ -130,6 +132,14 @@ test: venv-dev system-deps vcsim toolchain kubeadm
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
+
+# The lab in a box (tests/box_cli.py, README "Try it without a vCenter"): vcsim, the package
+# mirror and a host per clone under .box/, then `make up` against them; box-down removes it all.
+box: venv-dev system-deps vcsim toolchain
+	$(PY) -m tests.box_cli up
+
+box-down: venv-dev
+	$(PY) -m tests.box_cli down
 
 lint: venv-dev
 	$(VENV)/bin/ruff check .
