@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -219,11 +220,66 @@ class AntiAffinityConfig(_Model):
         }[role]
 
 
+# The apt repositories the Kubernetes nodes install from, and the fingerprints of the keys that sign
+# them: prepare-node.sh fetches each key and refuses one with another fingerprint before apt trusts
+# it. The defaults are upstream's. pkgs.k8s.io's key: isv:kubernetes OBS project,
+# `curl -fsSL https://pkgs.k8s.io/core:/stable:/v1.36/deb/Release.key | gpg --show-keys`. Docker's
+# release key: docs.docker.com, "Install Docker Engine on Debian".
+KUBERNETES_REPOSITORY_URL = "https://pkgs.k8s.io/core:/stable:"
+KUBERNETES_KEY_FINGERPRINT = "DE15B14486CD377B9E876E1A234654DA9A296436"
+CONTAINERD_REPOSITORY_URL = "https://download.docker.com/linux/debian"
+CONTAINERD_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+
+
+class _RepositoryConfig(_Model):
+    """An apt repository and its signing key's fingerprint. An internal mirror (Artifactory, Nexus,
+    aptly) that re-signs what it serves has its own key: its fingerprint goes here.
+
+    Written as users may copy them: a trailing "/" of the URL and the spaces gpg prints between the
+    fingerprint's groups are dropped, the fingerprint upper-cased (domain_problems checks the rest)."""
+
+    url: str
+    key_fingerprint: str
+
+    @field_validator("url")
+    @classmethod
+    def _without_trailing_slash(cls, url: str) -> str:
+        return url.rstrip("/")
+
+    @field_validator("key_fingerprint")
+    @classmethod
+    def _fingerprint_normalised(cls, fingerprint: str) -> str:
+        return fingerprint.replace(" ", "").upper()
+
+
+class KubernetesRepositoryConfig(_RepositoryConfig):
+    """kubeadm, kubelet and kubectl: one repository per minor, `<url>/v<minor>/deb/`, whose key is
+    `<url>/v<minor>/deb/Release.key` ("Changing The Kubernetes Package Repository", kubernetes.io)."""
+
+    url: str = KUBERNETES_REPOSITORY_URL
+    key_fingerprint: str = KUBERNETES_KEY_FINGERPRINT
+
+    def key_url(self, minor: str) -> str:
+        return f"{self.url}/v{minor}/deb/Release.key"
+
+
+class ContainerdRepositoryConfig(_RepositoryConfig):
+    """containerd.io: Docker's Debian repository (`deb <url> <codename> stable`), whose key is `<url>/gpg`."""
+
+    url: str = CONTAINERD_REPOSITORY_URL
+    key_fingerprint: str = CONTAINERD_KEY_FINGERPRINT
+
+    def key_url(self) -> str:
+        return f"{self.url}/gpg"
+
+
 class MirrorsConfig(_Model):
     """For labs without direct internet access."""
 
     apt_proxy: str | None = None
     registry_mirror: str | None = None
+    kubernetes_repository: KubernetesRepositoryConfig = KubernetesRepositoryConfig()
+    containerd_repository: ContainerdRepositoryConfig = ContainerdRepositoryConfig()
 
 
 class PreflightConfig(_Model):
@@ -232,9 +288,10 @@ class PreflightConfig(_Model):
     drs_disabled: Literal["fail", "warn"] = "fail"
     # Room kept free on the datastore on top of every eager-zeroed disk and VM swap file.
     datastore_margin_percent: int = 15
-    # Where preflight checks that kubernetes.version exists: the repository the nodes install from
-    # (components/releases.py). "" skips that check.
-    kubernetes_packages_url: str = "https://pkgs.k8s.io/core:/stable:"
+    # Where preflight checks that kubernetes.version exists (components/releases.py). Unset: the
+    # repository the nodes install from, mirrors.kubernetesRepository.url (LabConfig.release_check_url).
+    # "" skips that check.
+    kubernetes_packages_url: str | None = None
 
 
 class PreviousStateConfig(_Model):
@@ -340,6 +397,13 @@ class LabConfig(_Model):
     @property
     def prefix_length(self) -> int:
         return self.network.cidr.prefixlen
+
+    @property
+    def release_check_url(self) -> str:
+        """Where preflight checks that kubernetes.version exists: preflight.kubernetesPackagesUrl when it
+        is set ("" skips the check), else the repository the nodes install from."""
+        explicit = self.preflight.kubernetes_packages_url
+        return self.mirrors.kubernetes_repository.url if explicit is None else explicit
 
 
 # --------------------------------------------------------------------------- errors
@@ -503,6 +567,61 @@ def _url_problem(url: str, example: str) -> str | None:
     if not _URL_PATH.match(parts.path):
         return f"{url!r} has a path that is not /-separated segments; {fix}"
     return None
+
+
+_FINGERPRINT = re.compile(r"[0-9A-F]{40}")
+# The repository of one minor, where the base of them all belongs: .../core:/stable:/v1.36/deb
+_ONE_MINOR = re.compile(r"/v1\.\d+/deb$")
+
+
+def _repository_problems(cfg: LabConfig) -> list[ConfigProblem]:
+    """mirrors.kubernetesRepository and mirrors.containerdRepository: whole URLs, and fingerprints of 40
+    hex digits (the model already dropped a trailing "/" and the spaces between the groups)."""
+    problems = []
+    kubernetes, containerd = cfg.mirrors.kubernetes_repository, cfg.mirrors.containerd_repository
+    version = _K8S_VERSION.match(cfg.kubernetes.version)
+    minor = f"1.{version.group(1)}" if version else "<minor>"
+    for key, url, fingerprint, example, key_file in (
+        (
+            "mirrors.kubernetesRepository",
+            kubernetes.url,
+            kubernetes.key_fingerprint,
+            "https://artifactory.lab.example/k8s-stable",
+            kubernetes.key_url(minor),
+        ),
+        (
+            "mirrors.containerdRepository",
+            containerd.url,
+            containerd.key_fingerprint,
+            "https://artifactory.lab.example/docker-debian",
+            containerd.key_url(),
+        ),
+    ):
+        url_problem = _url_problem(url, example)
+        one_minor = _ONE_MINOR.search(url) if key == "mirrors.kubernetesRepository" else None
+        if url_problem:
+            problems.append(ConfigProblem(f"{key}.url", url_problem))
+        elif one_minor:
+            problems.append(
+                ConfigProblem(
+                    f"{key}.url",
+                    f"{url!r} is the repository of one minor; give the base, {url[: one_minor.start()]!r}: "
+                    "the program adds /v<minor>/deb/ for the minor of labs-k8s:kubernetes.version "
+                    "(and an upgrade the next minor's)",
+                )
+            )
+        if not _FINGERPRINT.fullmatch(fingerprint):
+            where = f"its key file, {key_file}" if not (url_problem or one_minor) else "its key file"
+            problems.append(
+                ConfigProblem(
+                    f"{key}.keyFingerprint",
+                    f"{fingerprint!r} is not a key fingerprint: write the 40 hex digits (spaces between groups "
+                    "are fine) of the primary key that signs the repository, as "
+                    f"`gpg --show-keys --with-fingerprint <key file>` prints them for {where}; take that file "
+                    "from the repository's owners, not from the repository alone: the fingerprint is what checks it",
+                )
+            )
+    return problems
 
 
 # Linux caps names at 15 bytes (IFNAMSIZ - 1); ifupdown and Keepalived want no exotic characters.
@@ -841,11 +960,12 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
         add(ConfigProblem("template.isoUrl", "use an http(s) URL of the Debian 12 netinst ISO"))
 
     packages_url = cfg.preflight.kubernetes_packages_url
-    if packages_url and (url_problem := _url_problem(packages_url, "https://pkgs.k8s.io/core:/stable:")):
+    if packages_url and (url_problem := _url_problem(packages_url, KUBERNETES_REPOSITORY_URL)):
         add(
             ConfigProblem(
                 "preflight.kubernetesPackagesUrl",
-                f'{url_problem} (keep the default, or "" to skip the release check)',
+                f"{url_problem} (or delete the key: preflight then checks mirrors.kubernetesRepository.url; "
+                '"" skips the release check)',
             )
         )
 
@@ -855,6 +975,7 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
     ):
         if url is not None and (url_problem := _url_problem(url, example)):
             add(ConfigProblem(key, url_problem))
+    problems += _repository_problems(cfg)
 
     # Network names: written into the user-data, chrony's and resolv.conf's lines.
     for index, server in enumerate(cfg.network.ntp_servers):

@@ -131,10 +131,11 @@ def vcenter_session(inputs: StackInputs) -> AbstractContextManager[Any]:
 
 
 def release_findings(lab: LabConfig) -> list[releases.ReleaseFinding]:
-    """Does kubernetes.version exist where the nodes install it from (labs-k8s:preflight.kubernetesPackagesUrl)?"""
-    if not lab.preflight.kubernetes_packages_url:
+    """Does kubernetes.version exist where the nodes install it from (labs-k8s:preflight.kubernetesPackagesUrl,
+    by default labs-k8s:mirrors.kubernetesRepository.url)?"""
+    if not lab.release_check_url:
         return []
-    finding = releases.check_release(lab.kubernetes.version, lab.preflight.kubernetes_packages_url)
+    finding = releases.check_release(lab.kubernetes.version, lab.release_check_url)
     return [finding] if finding else []
 
 

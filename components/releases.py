@@ -1,10 +1,11 @@
 """Does `labs-k8s:kubernetes.version` exist? Asked of the package repository the nodes install from.
 
-The nodes install kubeadm, kubelet and kubectl `<version>-*` from pkgs.k8s.io's repository for the
-minor (cloudinit/k8s/prepare-node.sh). A patch release that does not exist (1.36.9 when 1.36.3 is
-the newest) otherwise fails there, after the template build and the clones: 30+ minutes in. The
-repository's `Packages` index lists every version it has, so preflight reads that one file from
-the machine that runs Pulumi (which has internet access) and knows in a second.
+The nodes install kubeadm, kubelet and kubectl `<version>-*` from the repository of the minor under
+`labs-k8s:mirrors.kubernetesRepository.url`, pkgs.k8s.io's by default (cloudinit/k8s/prepare-node.sh).
+A patch release that does not exist (1.36.9 when 1.36.3 is the newest) otherwise fails there, after
+the template build and the clones: 30+ minutes in. The repository's `Packages` index lists every
+version it has, so preflight reads that one file from the machine that runs Pulumi (which has
+internet access, or reaches the mirror) and knows in a second.
 
 Not reachable (no internet, a proxy, a timeout) is a warning, not an error: the check cannot tell.
 """
@@ -16,7 +17,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-DEFAULT_REPOSITORY = "https://pkgs.k8s.io/core:/stable:"
+from components.config import KUBERNETES_REPOSITORY_URL
+
+DEFAULT_REPOSITORY = KUBERNETES_REPOSITORY_URL
 PACKAGES = ("kubeadm", "kubelet", "kubectl")
 TIMEOUT_S = 20
 # pkgs.k8s.io answers a minor it does not have with 403 (its CDN) or 404.

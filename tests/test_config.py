@@ -539,3 +539,109 @@ def test_unknown_vsphere_keys_are_named_with_did_you_mean(run_with):
     with pytest.raises(Exception, match=r"vsphere:usr: unknown key.*Did you mean vsphere:user\?") as caught:
         run_program("labs", overrides={"vsphere:usr": "labs-k8s@vsphere.local"})
     assert "registered" not in str(caught.value)
+
+
+# --------------------------------------------------------------------------- the nodes' apt repositories
+# A test lab, or an air-gapped site whose internal mirror (Artifactory, Nexus, aptly) re-signs what it
+# serves with its own key, gives other URLs and fingerprints.
+
+PKGS_K8S = "https://pkgs.k8s.io/core:/stable:"
+PKGS_K8S_KEY = "DE15B14486CD377B9E876E1A234654DA9A296436"
+DOCKER = "https://download.docker.com/linux/debian"
+DOCKER_KEY = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+MIRROR_KEY = "5A3B1C0F9E8D7C6B5A4F3E2D1C0B9A8F7E6D5C4B"
+
+
+def set_repository(namespace: dict[str, Any], repository: str, key: str, value: Any) -> None:
+    namespace.setdefault("mirrors", {}).setdefault(repository, {})[key] = value
+
+
+def test_the_repositories_default_to_upstreams(lab_namespace):
+    mirrors = load_lab_config(lab_namespace).mirrors
+    assert (mirrors.kubernetes_repository.url, mirrors.kubernetes_repository.key_fingerprint) == (
+        PKGS_K8S,
+        PKGS_K8S_KEY,
+    )
+    assert (mirrors.containerd_repository.url, mirrors.containerd_repository.key_fingerprint) == (DOCKER, DOCKER_KEY)
+    assert mirrors.kubernetes_repository.key_url("1.36") == f"{PKGS_K8S}/v1.36/deb/Release.key"
+    assert mirrors.containerd_repository.key_url() == f"{DOCKER}/gpg"
+
+
+def test_a_mirror_and_its_own_key_are_taken_as_users_copy_them(lab_namespace):
+    """A trailing "/" goes; the fingerprint as gpg prints it (groups, lower case) becomes 40 upper-case digits."""
+    set_repository(lab_namespace, "kubernetesRepository", "url", "https://artifactory.lab.local/artifactory/k8s/")
+    set_repository(
+        lab_namespace, "kubernetesRepository", "keyFingerprint", "5a3b 1c0f 9e8d 7c6b 5a4f  3e2d 1c0b 9a8f 7e6d 5c4b"
+    )
+    set_repository(lab_namespace, "containerdRepository", "url", "http://10.3.60.1:8081/repository/docker-debian")
+    mirrors = load_lab_config(lab_namespace).mirrors
+    assert mirrors.kubernetes_repository.url == "https://artifactory.lab.local/artifactory/k8s"
+    assert mirrors.kubernetes_repository.key_fingerprint == MIRROR_KEY
+    # One repository set alone leaves the other's key upstream's.
+    assert mirrors.containerd_repository.url == "http://10.3.60.1:8081/repository/docker-debian"
+    assert mirrors.containerd_repository.key_fingerprint == DOCKER_KEY
+
+
+@pytest.mark.parametrize(
+    ("repository", "key", "value", "fix"),
+    [
+        (
+            "kubernetesRepository",
+            "url",
+            'https://mirror.lab/k8s";x',
+            "such as https://artifactory.lab.example/k8s-stable",
+        ),
+        ("kubernetesRepository", "url", "ftp://mirror.lab/k8s", "is not an http:// or https:// URL"),
+        ("kubernetesRepository", "url", "mirror.lab/k8s", "is not an http:// or https:// URL"),
+        ("kubernetesRepository", "url", "", "empty"),
+        (
+            "kubernetesRepository",
+            "url",
+            f"{PKGS_K8S}/v1.36/deb/",
+            f"give the base, {PKGS_K8S!r}: the program adds /v<minor>/deb/",
+        ),
+        ("kubernetesRepository", "url", "https://nexus.lab/k8s/v1.35/deb", "give the base, 'https://nexus.lab/k8s'"),
+        (
+            "containerdRepository",
+            "url",
+            "https://mirror.lab/docker debian",
+            "such as https://artifactory.lab.example/docker-debian",
+        ),
+        ("containerdRepository", "url", "https://user:secret@mirror.lab/docker", "such as https://"),
+        ("kubernetesRepository", "keyFingerprint", "234654DA9A296436", "gpg --show-keys --with-fingerprint"),
+        (
+            "kubernetesRepository",
+            "keyFingerprint",
+            "0x" + PKGS_K8S_KEY[2:],
+            f"for its key file, {PKGS_K8S}/v1.36/deb/Release.key",
+        ),
+        ("containerdRepository", "keyFingerprint", DOCKER_KEY[:-1] + "G", f"for its key file, {DOCKER}/gpg"),
+        ("containerdRepository", "keyFingerprint", DOCKER_KEY + "\n", "write the 40 hex digits"),
+    ],
+)
+def test_a_repository_url_or_fingerprint_that_is_not_one_names_its_key(lab_namespace, repository, key, value, fix):
+    set_repository(lab_namespace, repository, key, value)
+    found = problems(lab_namespace)
+    assert list(found) == [f"mirrors.{repository}.{key}"]
+    assert fix in found[f"mirrors.{repository}.{key}"]
+
+
+def test_repository_keys_are_camel_case_and_known(lab_namespace):
+    set_repository(lab_namespace, "kubernetesRepository", "key_fingerprint", PKGS_K8S_KEY)
+    set_repository(lab_namespace, "containerdRepository", "fingerprint", DOCKER_KEY)
+    found = problems(lab_namespace)
+    assert found["mirrors.kubernetesRepository.key_fingerprint"] == (
+        "write it camelCase, as every key in Pulumi.labs.yaml: keyFingerprint"
+    )
+    assert "unknown key" in found["mirrors.containerdRepository.fingerprint"]
+
+
+def test_the_release_check_follows_the_kubernetes_repository_unless_set(lab_namespace):
+    """preflight.kubernetesPackagesUrl, unset, is where the nodes install from; "" still skips the check."""
+    assert load_lab_config(lab_namespace).release_check_url == PKGS_K8S
+    set_repository(lab_namespace, "kubernetesRepository", "url", "https://artifactory.lab.local/k8s/")
+    assert load_lab_config(lab_namespace).release_check_url == "https://artifactory.lab.local/k8s"
+    lab_namespace.setdefault("preflight", {})["kubernetesPackagesUrl"] = "https://proxy.lab.local/pkgs"
+    assert load_lab_config(lab_namespace).release_check_url == "https://proxy.lab.local/pkgs"
+    lab_namespace["preflight"]["kubernetesPackagesUrl"] = ""
+    assert load_lab_config(lab_namespace).release_check_url == ""

@@ -542,6 +542,72 @@ def test_params_are_valid_bash_with_the_configured_values() -> None:
     assert verify["VIP"] == "10.3.60.100"
 
 
+# Upstream's repositories and the fingerprints of their keys: the defaults of labs-k8s:mirrors.*Repository.
+UPSTREAM = (
+    "https://pkgs.k8s.io",
+    "https://download.docker.com",
+    "DE15B14486CD377B9E876E1A234654DA9A296436",
+    "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+)
+MIRROR = {
+    "kubernetesRepository": {
+        "url": "https://artifactory.lab.local/artifactory/k8s-stable/",
+        "keyFingerprint": "5A3B 1C0F 9E8D 7C6B 5A4F  3E2D 1C0B 9A8F 7E6D 5C4B",
+    },
+    "containerdRepository": {
+        "url": "http://10.3.60.1:8081/repository/docker-debian",
+        "keyFingerprint": "0123456789abcdef0123456789abcdef01234567",
+    },
+}
+
+
+def package_step_files(cfg: Any) -> dict[str, dict[str, str]]:
+    """The bundles whose scripts install packages: prepare, and the upgrades of both kinds of node."""
+    return {
+        "prepare": k8s.prepare_files(cfg, cfg.workers[0]),
+        "upgrade-control-plane": k8s.upgrade_control_plane_files(cfg, cfg.control_planes[0]),
+        "upgrade-worker": k8s.upgrade_worker_files(cfg, cfg.workers[0]),
+    }
+
+
+def test_the_repositories_default_to_upstreams_in_the_params() -> None:
+    cfg = make_lab_config()
+    files = package_step_files(cfg)
+    prepare = sourced(files["prepare"][k8s.PARAMS_FILE])
+    assert prepare["KUBERNETES_REPOSITORY_URL"] == "https://pkgs.k8s.io/core:/stable:"
+    assert prepare["KUBERNETES_KEY_FINGERPRINT"] == "DE15B14486CD377B9E876E1A234654DA9A296436"
+    assert prepare["CONTAINERD_REPOSITORY_URL"] == "https://download.docker.com/linux/debian"
+    assert prepare["CONTAINERD_KEY_FINGERPRINT"] == "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+    # The upgrade steps switch the Kubernetes repository to the new minor (lib.sh use_kubernetes_repository);
+    # the keys are the prepare step's to install.
+    for step in ("upgrade-control-plane", "upgrade-worker"):
+        params = sourced(files[step][k8s.PARAMS_FILE])
+        assert params["KUBERNETES_REPOSITORY_URL"] == "https://pkgs.k8s.io/core:/stable:", step
+        assert "KUBERNETES_KEY_FINGERPRINT" not in params, step
+    # A worker's drain and uncordon install nothing: a new repository does not make them run again.
+    drain = sourced(k8s.upgrade_drain_files(cfg, cfg.workers[0])[k8s.PARAMS_FILE])
+    assert not [name for name in drain if "REPOSITORY" in name or "FINGERPRINT" in name]
+
+
+def test_a_mirror_and_its_key_reach_the_steps_and_upstream_is_nowhere() -> None:
+    """An air-gapped site's mirror re-signs with its own key: its URLs and fingerprints are in the steps'
+    params, and no line of any script they run still names upstream's repository or key."""
+    cfg = make_lab_config(mirrors=MIRROR)
+    files = package_step_files(cfg)
+    prepare = sourced(files["prepare"][k8s.PARAMS_FILE])
+    assert prepare["KUBERNETES_REPOSITORY_URL"] == "https://artifactory.lab.local/artifactory/k8s-stable"
+    assert prepare["KUBERNETES_KEY_FINGERPRINT"] == "5A3B1C0F9E8D7C6B5A4F3E2D1C0B9A8F7E6D5C4B"
+    assert prepare["CONTAINERD_REPOSITORY_URL"] == "http://10.3.60.1:8081/repository/docker-debian"
+    assert prepare["CONTAINERD_KEY_FINGERPRINT"] == "0123456789ABCDEF0123456789ABCDEF01234567"
+    for step in ("upgrade-control-plane", "upgrade-worker"):
+        params = sourced(files[step][k8s.PARAMS_FILE])
+        assert params["KUBERNETES_REPOSITORY_URL"] == "https://artifactory.lab.local/artifactory/k8s-stable", step
+    for step, file_map in files.items():
+        for name, text in file_map.items():
+            code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+            assert not [line for line in code if any(upstream in line for upstream in UPSTREAM)], (step, name)
+
+
 def test_no_data_disk_means_no_mount() -> None:
     cfg = make_lab_config()
     diskless = replace(cfg.workers[0], data_disk_gib=0)

@@ -11,7 +11,6 @@ import email.utils
 import hashlib
 import itertools
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -497,7 +496,10 @@ def test_prepare_node_fails_clearly_when_the_patch_release_is_not_published(harn
     fresh_debian_node(h)
     h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
     result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
-    assert "pkgs.k8s.io v1.36 has no kubeadm 1.36.9" in result.stderr
+    assert (
+        "the Kubernetes repository https://pkgs.k8s.io/core:/stable:/v1.36/deb/ "
+        "(labs-k8s:mirrors.kubernetesRepository.url) has no kubeadm 1.36.9"
+    ) in result.stderr
     assert "1.36.1-1.1" in result.stderr
     assert h.calls_matching("apt-get", "install", "kubeadm=1.36.9-1.1") == []
 
@@ -560,6 +562,74 @@ def test_prepare_node_uses_the_configured_mirrors(harness: ShellHarness) -> None
     assert not (h.root / "etc/apt/apt.conf.d/90labs-k8s-proxy").exists()
     assert not (h.root / "etc/containerd/certs.d/_default/hosts.toml").exists()
     assert len(h.calls_matching("systemctl", "restart", "containerd")) == 1
+
+
+# An air-gapped site's mirror (Artifactory, Nexus, aptly) re-signs what it serves with its own key.
+MIRROR_KUBERNETES = "https://artifactory.lab.local/artifactory/k8s-stable"
+MIRROR_CONTAINERD = "https://artifactory.lab.local/artifactory/docker-debian"
+MIRROR_KEY = "5A3B1C0F9E8D7C6B5A4F3E2D1C0B9A8F7E6D5C4B"
+MIRRORS = {
+    "kubernetesRepository": {"url": MIRROR_KUBERNETES, "keyFingerprint": MIRROR_KEY},
+    "containerdRepository": {"url": MIRROR_CONTAINERD + "/", "keyFingerprint": MIRROR_KEY.lower()},
+}
+
+
+def test_prepare_node_installs_from_the_configured_repositories_with_their_keys(harness: ShellHarness) -> None:
+    h = harness
+    cfg = make_lab_config(mirrors=MIRRORS)
+    fresh_debian_node(h)
+    for repo in ("docker", "kubernetes"):
+        h.set_state(f"gpg-fpr-{repo}", MIRROR_KEY)  # the keys the mirror serves are its own
+    h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
+    result = ok(h.run(k8s.PREPARE_ENTRYPOINT))
+
+    # The keys come from the mirror, checked against the configured fingerprint.
+    assert sorted(call[-1] for call in h.calls("curl")) == [
+        f"{MIRROR_CONTAINERD}/gpg",
+        f"{MIRROR_KUBERNETES}/v1.36/deb/Release.key",
+    ]
+    assert f"fingerprint {MIRROR_KEY} alone, from {MIRROR_CONTAINERD}/gpg" in result.stderr
+    assert f"fingerprint {MIRROR_KEY} alone, from {MIRROR_KUBERNETES}/v1.36/deb/Release.key" in result.stderr
+    # apt's sources name the mirror, each with the keyring of its own key.
+    docker_list = (h.root / "etc/apt/sources.list.d/docker.list").read_text()
+    assert (
+        f"deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] {MIRROR_CONTAINERD} bookworm stable\n" in docker_list
+    )
+    kubernetes_list = (h.root / "etc/apt/sources.list.d/kubernetes.list").read_text()
+    assert (
+        f"deb [signed-by=/etc/apt/keyrings/kubernetes-apt-keyring.asc] {MIRROR_KUBERNETES}/v1.36/deb/ /\n"
+    ) in kubernetes_list
+    assert "pkgs.k8s.io" not in docker_list + kubernetes_list and "download.docker.com" not in docker_list
+    assert h.calls_matching("apt-get", "install", "kubeadm=1.36.0-1.1", "kubelet=1.36.0-1.1", "kubectl=1.36.0-1.1")
+
+    # Upstream's key served where the mirror's is pinned (a mirror not re-signing, or the wrong one): refused.
+    h.clear_state("gpg-fpr-kubernetes")
+    h.set_state("key-edition", " upstream")
+    result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert (
+        f"the key served by {MIRROR_KUBERNETES}/v1.36/deb/Release.key does not have the fingerprint {MIRROR_KEY}"
+    ) in result.stderr
+
+
+def test_prepare_node_names_the_configured_repository_when_a_release_is_missing(harness: ShellHarness) -> None:
+    h = harness
+    cfg = make_lab_config(mirrors=MIRRORS, kubernetes={"version": "1.36.9", "containerdVersion": "2.1.9"})
+    fresh_debian_node(h)
+    for repo in ("docker", "kubernetes"):
+        h.set_state(f"gpg-fpr-{repo}", MIRROR_KEY)
+    h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
+    result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert (
+        f"the containerd repository {MIRROR_CONTAINERD} (labs-k8s:mirrors.containerdRepository.url) "
+        "has no containerd.io 2.1.9"
+    ) in result.stderr
+
+    h.set_state("repo/containerd.io", "2.1.9-1~debian.12~bookworm\n")
+    result = failed(h.run(k8s.PREPARE_ENTRYPOINT))
+    assert (
+        f"the Kubernetes repository {MIRROR_KUBERNETES}/v1.36/deb/ (labs-k8s:mirrors.kubernetesRepository.url) "
+        "has no kubeadm 1.36.9"
+    ) in result.stderr
 
 
 def test_prepare_node_refuses_a_docker_key_with_another_fingerprint(harness: ShellHarness, cfg: LabConfig) -> None:
@@ -800,14 +870,13 @@ case $url in */gpg|*/Release.key) cp "$STATE/served-key.asc" "$out" ;; *) exit 6
 """,
     )
     h.stub("gpg", f'exec {shutil.which("gpg")} "$@"')
-    files = dict(k8s.prepare_files(cfg, cfg.workers[0]))
-    script = files[k8s.PREPARE_ENTRYPOINT]
-    # Pin the test's key in place of Docker's and the Kubernetes project's (their private keys are not ours).
-    for name in ("DOCKER_KEY_FINGERPRINT", "KUBERNETES_KEY_FINGERPRINT"):
-        script, count = re.subn(rf"^{name}=[0-9A-F]{{40}}$", f"{name}={pinned}", script, flags=re.MULTILINE)
-        assert count == 1, name
-    files[k8s.PREPARE_ENTRYPOINT] = script
-    h.install_step(files)
+    # Pin the test's key in place of Docker's and the Kubernetes project's (their private keys are not
+    # ours), as a site whose mirror re-signs with its own key does.
+    mirrors = {
+        repository: {"keyFingerprint": pinned} for repository in ("containerdRepository", "kubernetesRepository")
+    }
+    pinning = make_lab_config(mirrors=mirrors)
+    h.install_step(k8s.prepare_files(pinning, pinning.workers[0]))
     ok(h.run(k8s.PREPARE_ENTRYPOINT))
 
     require_tool("apt-get", "gpgv")

@@ -400,6 +400,30 @@ def test_an_unreachable_repository_only_warns(sim, lab_config, monkeypatch):
     assert any("could not check that Kubernetes 1.36.2 exists" in w for w in warnings)
 
 
+def with_kubernetes_repository(lab, version: str, url: str):
+    """The lab at `version` whose nodes install from `url` (labs-k8s:mirrors.kubernetesRepository.url)."""
+    mirrors = lab.mirrors.model_copy(
+        update={"kubernetes_repository": lab.mirrors.kubernetes_repository.model_copy(update={"url": url})}
+    )
+    return lab.model_copy(
+        update={"kubernetes": lab.kubernetes.model_copy(update={"version": version}), "mirrors": mirrors}
+    )
+
+
+def test_the_check_asks_the_repository_the_nodes_install_from(lab_config, repository):
+    """Unset, preflight.kubernetesPackagesUrl follows mirrors.kubernetesRepository.url: a site with its
+    own mirror is checked against the mirror, not against pkgs.k8s.io."""
+    assert lab_config.preflight.kubernetes_packages_url is None
+    [finding] = release_findings(with_kubernetes_repository(lab_config, "1.36.9", repository))
+    assert finding.error and f"the 1.36 repository ({repository}/v1.36/deb/Packages) has no" in finding.message
+    assert PackagesHandler.requests == ["/v1.36/deb/Packages"]
+    assert release_findings(with_kubernetes_repository(lab_config, "1.36.2", repository)) == []
+    # Set explicitly, it wins; "" still skips the check.
+    mirrored = with_kubernetes_repository(lab_config, "1.36.9", "http://127.0.0.1:9")
+    assert release_findings(with_version(mirrored, "1.36.9", repository))[0].error
+    assert release_findings(with_version(mirrored, "1.36.9", "")) == []
+
+
 def test_an_empty_url_skips_the_check(lab_config):
     assert release_findings(with_version(lab_config, "1.36.9", "")) == []
 

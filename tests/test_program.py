@@ -97,6 +97,17 @@ def test_bad_config_registers_nothing():
     assert monitors[0].registrations == {}
 
 
+def test_a_repository_key_that_is_no_fingerprint_registers_nothing():
+    monitors: list[RecordingMonitor] = []
+    mirrors = {"kubernetesRepository": {"url": "https://nexus.lab.local/k8s", "keyFingerprint": "234654DA9A296436"}}
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program("labs", overrides={"labs-k8s:mirrors": mirrors}, monitor_sink=monitors)
+    assert "labs-k8s:mirrors.kubernetesRepository.keyFingerprint: '234654DA9A296436' is not a key fingerprint" in str(
+        caught.value
+    )
+    assert monitors[0].registrations == {}
+
+
 def test_missing_ssh_private_key_is_a_clear_error_before_registration():
     monitors: list[RecordingMonitor] = []
     with pytest.raises(pulumi.RunError) as caught:

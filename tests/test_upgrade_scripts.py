@@ -202,6 +202,33 @@ def test_a_minor_upgrade_follows_kubeadms_procedure_node_by_node(cluster: FakeCl
         assert not [c for c in calls if c[0] == "kubectl" and {"annotate", "drain", "uncordon"} & set(c)], name
 
 
+MIRROR = "https://nexus.lab.local/repository/k8s-stable"
+
+
+def test_a_minor_upgrade_takes_the_next_minor_from_the_configured_repository(cluster: FakeCluster) -> None:
+    """The cluster was made from pkgs.k8s.io; the site now has a mirror (labs-k8s:mirrors.kubernetesRepository.url)
+    and upgrades in the same `pulumi up`: the prepare steps leave the running nodes' repository alone, and
+    each node's upgrade step switches it to the mirror's repository of the new minor, drained, in order."""
+    cfg = make_lab_config(kubernetes={"version": "1.36.0"}, mirrors={"kubernetesRepository": {"url": MIRROR + "/"}})
+    ok(run_chain(cluster, cfg, prepare=True))
+    assert_all_at(cluster, "v1.36.0")
+    for name, node in cluster.nodes.items():
+        kubernetes_list = (node.root / "etc/apt/sources.list.d/kubernetes.list").read_text()
+        assert f"] {MIRROR}/v1.36/deb/ /\n" in kubernetes_list, name
+        assert "pkgs.k8s.io" not in kubernetes_list, name
+        assert node.calls_matching("curl", f"{MIRROR}/v1.35/deb/Release.key"), name  # the prepare step's key check
+
+
+def test_a_release_the_configured_repository_lacks_is_named_with_it(cluster: FakeCluster) -> None:
+    cfg = make_lab_config(kubernetes={"version": "1.36.7"}, mirrors={"kubernetesRepository": {"url": MIRROR}})
+    run = run_chain(cluster, cfg)
+    assert run.failed == "labs-k8s-m01-upgrade", run.failed
+    assert (
+        f"the Kubernetes repository {MIRROR}/v1.36/deb/ (labs-k8s:mirrors.kubernetesRepository.url) "
+        "has no kubeadm 1.36.7"
+    ) in run.stderr("labs-k8s-m01-upgrade")
+
+
 def test_a_patch_upgrade_keeps_the_repository_and_still_drains(cluster: FakeCluster) -> None:
     def lists() -> dict[str, bytes]:
         return {

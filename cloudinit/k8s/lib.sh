@@ -507,7 +507,7 @@ apt_update() {
             die "dpkg --configure -a failed: a package half installed by an earlier run cannot be configured"
         log "apt-get update"
         apt-get update -q -o Acquire::Retries=3 ||
-            die "apt-get update failed: are the repositories (or labs-k8s:mirrors.aptProxy) reachable from this node?"
+            die "apt-get update failed: are the repositories (Debian's, labs-k8s:mirrors.kubernetesRepository.url, labs-k8s:mirrors.containerdRepository.url, or labs-k8s:mirrors.aptProxy) reachable from this node?"
         APT_FRESH=1
     fi
 }
@@ -539,13 +539,14 @@ hold_packages() {
     fi
 }
 
-# use_kubernetes_repository MINOR: the pkgs.k8s.io source of one minor (each minor is its own
-# repository: "Changing The Kubernetes Package Repository", kubernetes.io). Sets WROTE.
+# use_kubernetes_repository MINOR: the source of one minor, $KUBERNETES_REPOSITORY_URL/v<minor>/deb/
+# (labs-k8s:mirrors.kubernetesRepository.url, pkgs.k8s.io's by default: each minor is its own
+# repository, "Changing The Kubernetes Package Repository", kubernetes.io). Sets WROTE.
 use_kubernetes_repository() {
     local minor=$1
     write_file "$KUBERNETES_LIST" 0644 <<EOF
 # labs-k8s: the community-owned Kubernetes packages, one repository per minor (v$minor)
-deb [signed-by=/etc/apt/keyrings/kubernetes-apt-keyring.asc] https://pkgs.k8s.io/core:/stable:/v$minor/deb/ /
+deb [signed-by=/etc/apt/keyrings/kubernetes-apt-keyring.asc] ${KUBERNETES_REPOSITORY_URL:?}/v$minor/deb/ /
 EOF
     if ((WROTE)); then APT_FRESH=0; fi
 }
@@ -573,7 +574,7 @@ install_kubernetes_packages_at() {
         for pkg in "${todo[@]}"; do
             candidate=$(apt-cache madison "$pkg" | awk -v prefix="$version-" 'index($3, prefix) == 1 {print $3; exit}')
             [[ -n $candidate ]] ||
-                die "pkgs.k8s.io has no $pkg $version (labs-k8s:kubernetes.version; apt-cache madison $pkg lists: $(apt-cache madison "$pkg" | awk '{print $3}' | head -n 5 | tr '\n' ' '))"
+                die "the Kubernetes repository $KUBERNETES_REPOSITORY_URL/v${version%.*}/deb/ (labs-k8s:mirrors.kubernetesRepository.url) has no $pkg $version (labs-k8s:kubernetes.version; apt-cache madison $pkg lists: $(apt-cache madison "$pkg" | awk '{print $3}' | head -n 5 | tr '\n' ' '))"
             resolved+=("$pkg=$candidate")
         done
         log "installing ${resolved[*]}"

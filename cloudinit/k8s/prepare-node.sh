@@ -6,7 +6,8 @@
 #
 # Parameters (params.env, rendered by components/rendering/k8s.py): NODE_NAME, NODE_ROLE,
 # K8S_VERSION, K8S_MINOR_VERSION, CONTAINERD_MIN_VERSION, CONTAINERD_VERSION, APT_PROXY,
-# REGISTRY_MIRROR, DATA_DISK_GIB, DATA_DISK_MOUNT, DATA_DISK_LABEL, DATA_DISK_UNIT.
+# REGISTRY_MIRROR, KUBERNETES_REPOSITORY_URL, KUBERNETES_KEY_FINGERPRINT, CONTAINERD_REPOSITORY_URL,
+# CONTAINERD_KEY_FINGERPRINT, DATA_DISK_GIB, DATA_DISK_MOUNT, DATA_DISK_LABEL, DATA_DISK_UNIT.
 # stdout: "prepared <node name>".
 set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -16,13 +17,12 @@ require_root
 load_params "$HERE"
 : "${NODE_NAME:?}" "${NODE_ROLE:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${CONTAINERD_MIN_VERSION:?}" "${CONTAINERD_VERSION:?}"
 : "${APT_PROXY?}" "${REGISTRY_MIRROR?}" "${DATA_DISK_GIB:?}" "${DATA_DISK_MOUNT?}" "${DATA_DISK_LABEL?}" "${DATA_DISK_UNIT?}"
+: "${KUBERNETES_REPOSITORY_URL:?}" "${KUBERNETES_KEY_FINGERPRINT:?}" "${CONTAINERD_REPOSITORY_URL:?}" "${CONTAINERD_KEY_FINGERPRINT:?}"
 
 CONTAINERD_SOCKET=unix:///run/containerd/containerd.sock
-# Repository signing keys, checked by fingerprint before apt trusts them: Docker's release key
-# (docs.docker.com, "Install Docker Engine on Debian") and the pkgs.k8s.io key (isv:kubernetes
-# OBS project; `curl -fsSL https://pkgs.k8s.io/core:/stable:/v1.36/deb/Release.key | gpg --show-keys`).
-DOCKER_KEY_FINGERPRINT=9DC858229FC7DD38854AE2D88D81803C0EBFCD88
-KUBERNETES_KEY_FINGERPRINT=DE15B14486CD377B9E876E1A234654DA9A296436
+# The repositories and the fingerprints of their signing keys, checked before apt trusts a key, come
+# from labs-k8s:mirrors.kubernetesRepository and labs-k8s:mirrors.containerdRepository: upstream's
+# by default (components/config.py says where those fingerprints come from), or a mirror's own.
 
 # ------------------------------------------------------------------ apt proxy (mirrors.aptProxy)
 configure_apt_proxy() {
@@ -272,16 +272,17 @@ configure_repositories() {
     install -d -m 0755 "$keyrings"
 
     # containerd 2.x: Kubernetes 1.36 dropped containerd 1.x and Debian 12 ships 1.6, so the
-    # runtime comes from Docker's apt repository (containerd.io bundles runc; signed, patched).
-    install_verified_key https://download.docker.com/linux/debian/gpg "$DOCKER_KEY_FINGERPRINT" "$keyrings/docker.asc"
+    # runtime comes from Docker's apt repository (containerd.io bundles runc; signed, patched),
+    # or a mirror of it (labs-k8s:mirrors.containerdRepository).
+    install_verified_key "$CONTAINERD_REPOSITORY_URL/gpg" "$CONTAINERD_KEY_FINGERPRINT" "$keyrings/docker.asc"
     if ((WROTE)); then APT_FRESH=0; fi
     write_file "$ROOT/etc/apt/sources.list.d/docker.list" 0644 <<EOF
 # labs-k8s: containerd.io 2.x (Debian 12's containerd is 1.6; Kubernetes 1.36 needs 2.x)
-deb [arch=$arch signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/debian $codename stable
+deb [arch=$arch signed-by=/etc/apt/keyrings/docker.asc] $CONTAINERD_REPOSITORY_URL $codename stable
 EOF
     if ((WROTE)); then APT_FRESH=0; fi
 
-    install_verified_key "https://pkgs.k8s.io/core:/stable:/v$K8S_MINOR_VERSION/deb/Release.key" \
+    install_verified_key "$KUBERNETES_REPOSITORY_URL/v$K8S_MINOR_VERSION/deb/Release.key" \
         "$KUBERNETES_KEY_FINGERPRINT" "$keyrings/kubernetes-apt-keyring.asc"
     if ((WROTE)); then APT_FRESH=0; fi
     if ((LEAVE_KUBERNETES)) && [[ -s $KUBERNETES_LIST ]]; then
@@ -312,7 +313,7 @@ install_containerd() {
         apt_update
         candidate=$(apt-cache madison containerd.io | awk -v prefix="$CONTAINERD_VERSION-" 'index($3, prefix) == 1 {print $3; exit}')
         [[ -n $candidate ]] ||
-            die "Docker's repository has no containerd.io $CONTAINERD_VERSION for this release/architecture (labs-k8s:kubernetes.containerdVersion; apt-cache madison containerd.io lists: $(apt-cache madison containerd.io | awk '{print $3}' | head -n 5 | tr '\n' ' '))"
+            die "the containerd repository $CONTAINERD_REPOSITORY_URL (labs-k8s:mirrors.containerdRepository.url) has no containerd.io $CONTAINERD_VERSION for this release/architecture (labs-k8s:kubernetes.containerdVersion; apt-cache madison containerd.io lists: $(apt-cache madison containerd.io | awk '{print $3}' | head -n 5 | tr '\n' ' '))"
         log "installing containerd.io $candidate (found: ${current:-none}; labs-k8s:kubernetes.containerdVersion is $CONTAINERD_VERSION)"
         "${APT_INSTALL[@]}" --allow-change-held-packages "containerd.io=$candidate"
         CONTAINERD_INSTALLED=1
@@ -338,7 +339,7 @@ install_kubernetes_packages() {
         apt_update
         for pkg in kubeadm kubelet kubectl; do
             current=$(apt-cache madison "$pkg" | awk -v prefix="$K8S_VERSION-" 'index($3, prefix) == 1 {print $3; exit}')
-            [[ -n $current ]] || die "pkgs.k8s.io v$K8S_MINOR_VERSION has no $pkg $K8S_VERSION (apt-cache madison $pkg lists: $(apt-cache madison "$pkg" | awk '{print $3}' | head -n 5 | tr '\n' ' '))"
+            [[ -n $current ]] || die "the Kubernetes repository $KUBERNETES_REPOSITORY_URL/v$K8S_MINOR_VERSION/deb/ (labs-k8s:mirrors.kubernetesRepository.url) has no $pkg $K8S_VERSION (labs-k8s:kubernetes.version; apt-cache madison $pkg lists: $(apt-cache madison "$pkg" | awk '{print $3}' | head -n 5 | tr '\n' ' '))"
             resolved+=("$pkg=$current")
         done
         log "installing ${resolved[*]}"

@@ -3,7 +3,7 @@
 # kubeadm's procedure, one control plane at a time (the graph serializes them).
 #
 #   UPGRADE_MODE=apply (the first control plane): refuse a bad transition before anything
-#     changes; pkgs.k8s.io repository of the new minor; kubeadm; `kubeadm upgrade plan`; an etcd
+#     changes; the Kubernetes repository of the new minor; kubeadm; `kubeadm upgrade plan`; an etcd
 #     snapshot; `kubeadm upgrade apply vX.Y.Z`.
 #   UPGRADE_MODE=node (every other control plane): the same without plan, snapshot and apply:
 #     `kubeadm upgrade node`, once the cluster (kubeadm-config) is at the new version.
@@ -19,7 +19,8 @@
 #
 # Parameters (params.env): NODE_NAME, UPGRADE_MODE, K8S_VERSION, K8S_MINOR_VERSION,
 # CONTAINERD_MIN_VERSION, CONTAINERD_VERSION, VIP, API_PORT, API_WAIT_SECONDS, NODE_WAIT_SECONDS, DRAIN_TIMEOUT_SECONDS,
-# VERIFY_TIMEOUT_SECONDS, VERIFY_INTERVAL_SECONDS, PREPARE_DIR (this node's prepare step directory).
+# VERIFY_TIMEOUT_SECONDS, VERIFY_INTERVAL_SECONDS, KUBERNETES_REPOSITORY_URL (labs-k8s:mirrors.kubernetesRepository.url),
+# PREPARE_DIR (this node's prepare step directory).
 # stdout: "<node> upgraded to vX.Y.Z, containerd A.B.C" (first control plane: "...; etcd snapshot
 # <path>") or "<node> already at vX.Y.Z, containerd A.B.C".
 set -Eeuo pipefail
@@ -32,7 +33,7 @@ require_root
 load_params "$HERE"
 : "${NODE_NAME:?}" "${UPGRADE_MODE:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${CONTAINERD_MIN_VERSION:?}" "${CONTAINERD_VERSION:?}"
 : "${VIP:?}" "${API_PORT:?}" "${API_WAIT_SECONDS:?}" "${NODE_WAIT_SECONDS:?}" "${DRAIN_TIMEOUT_SECONDS:?}"
-: "${VERIFY_TIMEOUT_SECONDS:?}" "${VERIFY_INTERVAL_SECONDS:?}" "${PREPARE_DIR:?}"
+: "${VERIFY_TIMEOUT_SECONDS:?}" "${VERIFY_INTERVAL_SECONDS:?}" "${PREPARE_DIR:?}" "${KUBERNETES_REPOSITORY_URL:?}"
 [[ $UPGRADE_MODE == apply || $UPGRADE_MODE == node ]] || die "UPGRADE_MODE must be apply or node, not '$UPGRADE_MODE'"
 TARGET=v$K8S_VERSION
 CONTROL_PLANE_COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler)

@@ -3,11 +3,12 @@
 # upgrade-drain.sh). Sourced after lib.sh, never run.
 #
 # The procedure is kubeadm's ("Upgrading kubeadm clusters", kubernetes.io/docs/tasks/
-# administer-cluster/kubeadm/kubeadm-upgrade/): switch the pkgs.k8s.io repository to the new
-# minor; kubeadm first; `kubeadm upgrade apply` on the first control plane, `kubeadm upgrade
-# node` everywhere else; then, with the node drained, kubelet and kubectl, a kubelet restart,
-# and uncordon. Versions follow the version skew policy (kubernetes.io/releases/version-skew-policy):
-# no minor is skipped, nothing is downgraded, and no kubelet is newer than the apiservers.
+# administer-cluster/kubeadm/kubeadm-upgrade/): switch the Kubernetes package repository
+# (labs-k8s:mirrors.kubernetesRepository.url, pkgs.k8s.io's by default) to the new minor; kubeadm
+# first; `kubeadm upgrade apply` on the first control plane, `kubeadm upgrade node` everywhere else;
+# then, with the node drained, kubelet and kubectl, a kubelet restart, and uncordon. Versions follow
+# the version skew policy (kubernetes.io/releases/version-skew-policy): no minor is skipped, nothing
+# is downgraded, and no kubelet is newer than the apiservers.
 
 MANIFESTS=$ROOT/etc/kubernetes/manifests
 SNAPSHOT_DIR=$STATE_DIR/etcd-snapshots

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # upgrade-worker.sh: move one worker to labs-k8s:kubernetes.version, following kubeadm's procedure
-# for worker nodes: pkgs.k8s.io repository of the new minor; kubeadm; `kubeadm upgrade node` (the
+# for worker nodes: the Kubernetes repository of the new minor; kubeadm; `kubeadm upgrade node` (the
 # kubelet configuration of the new version); kubelet and kubectl; the node converged for the new
 # version (prepare-node.sh); kubelet restarted; Ready at the new version. A change of
 # labs-k8s:kubernetes.containerdVersion alone takes the same path without the Kubernetes packages:
@@ -13,7 +13,8 @@
 # Guarded: a worker already at the version changes nothing; a run that died resumes.
 #
 # Parameters (params.env): NODE_NAME, K8S_VERSION, K8S_MINOR_VERSION, CONTAINERD_VERSION,
-# API_WAIT_SECONDS, NODE_WAIT_SECONDS, PREPARE_DIR (this node's prepare step directory).
+# API_WAIT_SECONDS, NODE_WAIT_SECONDS, KUBERNETES_REPOSITORY_URL (labs-k8s:mirrors.kubernetesRepository.url),
+# PREPARE_DIR (this node's prepare step directory).
 # stdout: "<node> upgraded to vX.Y.Z, containerd A.B.C" or "<node> already at vX.Y.Z, containerd A.B.C".
 set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,6 +25,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 require_root
 load_params "$HERE"
 : "${NODE_NAME:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${CONTAINERD_VERSION:?}" "${API_WAIT_SECONDS:?}" "${NODE_WAIT_SECONDS:?}" "${PREPARE_DIR:?}"
+: "${KUBERNETES_REPOSITORY_URL:?}"
 TARGET=v$K8S_VERSION
 [[ -f $KUBELET_CONF ]] || die "no ${KUBELET_CONF#"$ROOT"}: $NODE_NAME has not joined the cluster"
 CLUSTER_KUBECONFIG=$KUBELET_CONF

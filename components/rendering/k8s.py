@@ -315,6 +315,12 @@ def _ip(address: ipaddress.IPv4Address) -> str:
 # ------------------------------------------------------------------ per-step file maps
 
 
+def _repository_params(cfg: LabConfig) -> dict[str, ParamValue]:
+    """The base of the Kubernetes package repositories (labs-k8s:mirrors.kubernetesRepository.url):
+    lib.sh use_kubernetes_repository adds /v<minor>/deb/, in the prepare and the upgrade steps."""
+    return {"KUBERNETES_REPOSITORY_URL": cfg.mirrors.kubernetes_repository.url}
+
+
 def prepare_files(cfg: LabConfig, node: Node) -> dict[str, str]:
     """prepare-node.sh for one control plane or worker."""
     if node.role not in (Role.CONTROL_PLANE, Role.WORKER):
@@ -331,6 +337,10 @@ def prepare_files(cfg: LabConfig, node: Node) -> dict[str, str]:
             "CONTAINERD_VERSION": cfg.kubernetes.containerd_version,
             "APT_PROXY": cfg.mirrors.apt_proxy or "",
             "REGISTRY_MIRROR": cfg.mirrors.registry_mirror or "",
+            **_repository_params(cfg),
+            "KUBERNETES_KEY_FINGERPRINT": cfg.mirrors.kubernetes_repository.key_fingerprint,
+            "CONTAINERD_REPOSITORY_URL": cfg.mirrors.containerd_repository.url,
+            "CONTAINERD_KEY_FINGERPRINT": cfg.mirrors.containerd_repository.key_fingerprint,
             "DATA_DISK_GIB": disk_gib,
             "DATA_DISK_MOUNT": DATA_DISK_MOUNTS[node.role] if disk_gib else "",
             "DATA_DISK_LABEL": DATA_DISK_LABELS[node.role] if disk_gib else "",
@@ -556,6 +566,7 @@ def upgrade_control_plane_files(cfg: LabConfig, node: Node) -> dict[str, str]:
             "NODE_NAME": node.name,
             "UPGRADE_MODE": "apply" if node.name == first_control_plane(cfg).name else "node",
             **_upgrade_version_params(cfg),
+            **_repository_params(cfg),
             "CONTAINERD_MIN_VERSION": containerd_min_version(cfg),
             "VIP": _ip(cfg.load_balancer.vip),
             "API_PORT": API_PORT,
@@ -570,7 +581,12 @@ def upgrade_control_plane_files(cfg: LabConfig, node: Node) -> dict[str, str]:
 def upgrade_worker_files(cfg: LabConfig, node: Node) -> dict[str, str]:
     """upgrade-worker.sh on one worker, between its drain and its uncordon."""
     _require_role(node, Role.WORKER, "upgrade-worker.sh")
-    params = {"NODE_NAME": node.name, **_upgrade_version_params(cfg), "PREPARE_DIR": _prepare_dir(node)}
+    params = {
+        "NODE_NAME": node.name,
+        **_upgrade_version_params(cfg),
+        **_repository_params(cfg),
+        "PREPARE_DIR": _prepare_dir(node),
+    }
     return _upgrade_files(UPGRADE_WORKER_ENTRYPOINT, params)
 
 

@@ -4,7 +4,7 @@
 [[ $1 == madison ]] || exit 0
 if [[ $2 == kubeadm || $2 == kubelet || $2 == kubectl || $2 == kubernetes-cni || $2 == cri-tools ]]; then
     list=$STATE/repos/$(cat "$STATE/apt-index" 2>/dev/null)/$2
-    url="https://pkgs.k8s.io/core:/stable:/$(cat "$STATE/apt-index" 2>/dev/null)/deb"
+    url="$(cat "$STATE/apt-base" 2>/dev/null)/$(cat "$STATE/apt-index" 2>/dev/null)/deb"
 else
     list=$STATE/repo/$2; url=https://download.docker.com/linux/debian
 fi

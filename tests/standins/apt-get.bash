@@ -1,8 +1,9 @@
 # shellcheck shell=bash disable=SC2154 # STATE, ROOT come from the prelude
-# Stand-in for apt-get against pkgs.k8s.io, one repository per minor (core:/stable:/v1.XX, see
-# "Changing The Kubernetes Package Repository" on kubernetes.io): `apt-get update` indexes the source in
-# kubernetes.list, and `apt-cache madison` lists what the last update indexed, so a switched source
-# means nothing until the next update. Install is all or nothing: a version the index lacks ("Version
+# Stand-in for apt-get against the Kubernetes package repositories, one per minor (<base>/v1.XX/deb/:
+# pkgs.k8s.io's core:/stable:, or a mirror's, see "Changing The Kubernetes Package Repository" on
+# kubernetes.io): `apt-get update` indexes the source in kubernetes.list, whatever its base, and
+# `apt-cache madison` lists what the last update indexed, so a switched source means nothing until the
+# next update. Install is all or nothing: a version the index lacks ("Version
 # 'x' for 'y' was not found") or a held package it would change without --allow-change-held-packages
 # ("Held packages were changed and -y was used without --allow-change-held-packages") stops it before
 # anything is installed. Other packages come from $STATE/repo, or any version when none is listed.
@@ -25,8 +26,10 @@ available() {
 case $verb in
     update)
         [[ -f $STATE/apt-update-fails ]] && { echo "E: Failed to fetch https://pkgs.k8s.io/core:/stable: Connection timed out" >&2; exit 100; }
-        sed -n 's#.*https://pkgs.k8s.io/core:/stable:/\(v[0-9.]*\)/deb/.*#\1#p' \
-            "$ROOT/etc/apt/sources.list.d/kubernetes.list" 2>/dev/null >"$STATE/apt-index" || true ;;
+        src=$(sed -n 's#^deb \[[^]]*\] \([^ ]*\)/\(v[0-9.]*\)/deb/ /$#\1 \2#p' \
+            "$ROOT/etc/apt/sources.list.d/kubernetes.list" 2>/dev/null || true)
+        printf '%s\n' "${src#* }" >"$STATE/apt-index"
+        printf '%s\n' "${src%% *}" >"$STATE/apt-base" ;;
     install)
         # An earlier run cut off mid-dpkg (apt-pkg's pkgDPkgPM journal check, the lab in a box's find).
         [[ -f $STATE/dpkg-interrupted ]] && { echo "E: dpkg was interrupted, you must manually run 'dpkg --configure -a' to correct the problem." >&2; exit 100; }
