@@ -13,6 +13,13 @@
 # neither (systemd-timesyncd: the box has no clock to discipline) is accepted and recorded, so a
 # step that restarts it goes on; every call is logged to /var/log/labs-k8s-box-systemctl.log.
 set -u
+# systemd starts a unit from PID 1, not from the caller: nothing the caller holds open reaches the
+# service. Without this, a daemon started from a step kept the SSH session's pipe (a script's
+# `exec 3>&2`) and the session, so the step, never ended. 255 is where bash reads this script.
+for fd_path in "/proc/$$/fd"/*; do
+    fd=${fd_path##*/}
+    if ((fd > 2 && fd != 255)); then eval "exec $fd>&-"; fi
+done
 echo "$(date -u +%FT%TZ) systemctl $*" >>/var/log/labs-k8s-box-systemctl.log
 quiet=0
 args=()
@@ -156,7 +163,7 @@ start | stop | restart | reload | try-restart | reload-or-restart | is-active | 
         reload-or-restart)
             "$script" reload >/dev/null 2>&1 || "$script" restart >/dev/null || status_code=1 ;;
         status) "$script" status || status_code=$? ;;
-        *) "$script" "$verb" >/dev/null || status_code=1 ;;
+        *) "$script" "$verb" </dev/null >/dev/null || status_code=1 ;;
         esac
     done
     exit $status_code ;;
