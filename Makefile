@@ -10,6 +10,13 @@ SHELL := bash
 STACK ?=
 # Passed to the Pulumi CLI by up, preview and destroy: ARGS='--yes', '--target URN', '--parallel 4'.
 ARGS ?=
+# ARGS reaches the CLI unexpanded: every nested resource's URN holds `$`
+# (`...Lab$labs-k8s:fleet:NodeFleet$...`), which make took for its variables and the shell for
+# its own, so `ARGS='--replace URN'` named no resource. It goes through the environment as typed
+# ($(value): make does not expand it) and is split by shlex (quotes group words, nothing expands)
+# into the bash array `user_args`, one word per line.
+export LABS_K8S_MAKE_ARGS = $(value ARGS)
+USER_ARGS = mapfile -t user_args < <($(PY) -c 'import os, shlex; print(*shlex.split(os.environ["LABS_K8S_MAKE_ARGS"]), sep="\n")' | sed '/^$$/d');
 # LAYER=vsphere (the template, the VMs and the DRS rules, no remote step over SSH) or LAYER=template:
 # up or preview only that part, e.g. a first run against a new vCenter before the nodes are
 # reachable. Its `--target` URNs (python -m components targets, components/tools/targets.py) hold
@@ -85,12 +92,12 @@ stack-named:
 up: stack-named venv
 	$(LAYER_KNOWN)
 	$(PY) -m components check --stack $(STACK) --for up
-	$(LAYER_TARGETS) $(NO_AGENT) pulumi up --stack $(STACK) "$${layer_targets[@]}" $(ARGS)
+	$(LAYER_TARGETS) $(USER_ARGS) $(NO_AGENT) pulumi up --stack $(STACK) "$${layer_targets[@]}" "$${user_args[@]}"
 
 preview: stack-named venv
 	$(LAYER_KNOWN)
 	$(PY) -m components check --stack $(STACK) --for preview
-	$(LAYER_TARGETS) $(NO_AGENT) pulumi preview --stack $(STACK) --diff "$${layer_targets[@]}" $(ARGS)
+	$(LAYER_TARGETS) $(USER_ARGS) $(NO_AGENT) pulumi preview --stack $(STACK) --diff "$${layer_targets[@]}" "$${user_args[@]}"
 
 # --refresh: `pulumi destroy` alone trusts the state, and the vSphere provider's delete of a VM that
 # is already gone from vCenter fails ("cannot locate virtual machine with UUID"), while its read
@@ -101,7 +108,7 @@ destroy: stack-named venv
 	  echo "make destroy: LAYER is for up and preview; destroy removes every resource of the stack" >&2; \
 	  echo "  (one resource: make destroy ARGS='--target URN')" >&2; exit 2; fi
 	$(PY) -m components check --stack $(STACK) --for destroy
-	$(NO_AGENT) pulumi destroy --stack $(STACK) --refresh $(ARGS)
+	$(USER_ARGS) $(NO_AGENT) pulumi destroy --stack $(STACK) --refresh "$${user_args[@]}"
 
 render: venv
 	$(PY) -m components render --stack $(or $(STACK),labs) --out render

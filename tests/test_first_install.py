@@ -8,6 +8,7 @@ and print the command that fixes it, before `pulumi up` (or anything in vCenter)
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -311,6 +312,22 @@ def test_args_reach_the_pulumi_cli_and_make_help_says_how(sandbox):
     assert "ARGS='...' is passed to the Pulumi CLI" in shown and "--target URN" in shown and "--replace URN" in shown
     # bench/lb_failover.py refuses without root (network namespaces): help says so before it is run.
     assert "root" in next(line for line in shown.splitlines() if line.startswith("make bench"))
+
+
+@pytest.mark.parametrize("target", ["up", "preview", "destroy"])
+def test_a_urn_in_args_reaches_the_cli_untouched(sandbox, target):
+    """`make up ARGS='--replace URN'` as make help and the runbook say: every nested resource's URN
+    holds `$` (`...Lab$labs-k8s:fleet:NodeFleet$...`), which make took for its variables and the
+    shell for its own (found by the lab in a box: "Target ... could not be found"). Quotes still
+    group words."""
+    ready_stack(sandbox)
+    urn = f"urn:pulumi:{STACK}::labs-k8s::labs-k8s:lab:Lab$labs-k8s:fleet:NodeFleet$random:index/randomId:RandomId::x"
+    # As a user types it: ARGS='--yes --replace urn:...$... --message "two words"'
+    typed = shlex.quote(f'ARGS=--yes --replace {urn} --message "two words"')
+    made = sandbox.make(target, f"STACK={STACK}", typed, labs="EXPANDED")
+    assert made.returncode == 0, made.stderr
+    call = sandbox.calls()[-1]
+    assert call[-5:] == ["--yes", "--replace", urn, "--message", "two words"], call
 
 
 @pytest.mark.parametrize("target", ["up", "preview"])
