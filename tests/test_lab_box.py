@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import ipaddress
+import itertools
 import json
 import os
 import re
@@ -71,6 +73,7 @@ PREFIX = ipaddress.ip_network(CFG.network.cidr).prefixlen
 # The box's stack installs the first of the two stand-in releases the repository serves, so the
 # upgrade has a newer one to go to (tests/box_repo.py).
 BOX_KUBERNETES_VERSION = "1.35.4"
+UPGRADED_KUBERNETES_VERSION = "1.36.0"
 MIRROR = f"{CFG.network.gateway}:3142"
 _LAB = f"urn:pulumi:mysite::{PROJECT}::labs-k8s:lab:Lab"
 # The worker the scenario adds, then removes: inside network.cidr, no other node's address.
@@ -216,6 +219,8 @@ def run_scenario(box: Box) -> None:
     box.stages["rotation"] = ssh_key_rotation(box)
     box.stages["impostor"] = impostor_at(box, "labs-k8s-w01")
     box.stages["worker"] = add_and_remove_worker(box)
+    box.stages["replace"] = replace_control_plane(box, "labs-k8s-m03")
+    box.stages["upgrade"] = upgrade(box)
     box.stages["export"] = json.dumps(lab.stack_export())
     box.stages["store_before_destroy"] = cluster_store(hosts)
     box.stages["events_before_destroy"] = len(hosts.events)
@@ -226,6 +231,19 @@ def run_scenario(box: Box) -> None:
             time.sleep(0.5)
         box.stages["hosts_after_destroy"] = sorted(h.name for h in hosts.hosts.values())
         box.stages["store_after_destroy"] = cluster_store(hosts)
+
+
+def plan_death(hosts: LabBox, node: str, workflow: str, phase: str) -> None:
+    """The stand-in kubeadm on `node` dies after `phase` of its next `workflow` ("init", "join"):
+    kube_standin.py `die_after`, planned in the cluster store under the stand-ins' own lock."""
+    store = hosts.store / "cluster.json"
+    with open(hosts.store / "cluster.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = json.loads(store.read_text())
+        state.setdefault("die", {}).setdefault(node, {})[workflow] = phase
+        written = store.with_name(".cluster.json.plan")
+        written.write_text(json.dumps(state))
+        os.replace(written, store)
 
 
 def cluster_store(hosts: LabBox) -> dict[str, Any]:
@@ -399,7 +417,11 @@ def add_and_remove_worker(box: Box) -> dict[str, Any]:
     name, ip = EXTRA_WORKER
     settings["config"]["labs-k8s:nodes"]["workers"]["hosts"].append({"name": name, "ip": ip})
     stack_file.write_text(yaml.safe_dump(settings))
-    facts: dict[str, Any] = {"added": lab.engine("up", timeout=1800)}
+    # Its first join dies inside kubelet-start (the kubelet stopped, its files written): that `up`
+    # fails on the join, and the next one converges.
+    plan_death(hosts, name, "join", "kubelet-start/written")
+    facts: dict[str, Any] = {"join_died": lab.engine("up", timeout=1800)}
+    facts["added"] = lab.engine("up", timeout=1800)
     if facts["added"].ok:
         hosts.wait_booted([name], timeout=300)
         facts["added_host"] = first_boot_facts(hosts.by_name(name))
@@ -411,6 +433,47 @@ def add_and_remove_worker(box: Box) -> dict[str, Any]:
     while any(h.name == name for h in hosts.hosts.values()) and time.monotonic() < deadline:
         time.sleep(0.5)
     facts["hosts_after"] = sorted(h.name for h in hosts.hosts.values())
+    facts["again"] = lab.engine("preview", expect_no_changes=True)
+    return facts
+
+
+def replace_control_plane(box: Box, name: str) -> dict[str, Any]:
+    """docs/runbook.md "Replacing a node": `up --replace` of its clone source. Its leave guard goes
+    first (its etcd member removed, its Node deleted), then a new VM, so a new host with a new disk,
+    which is prepared and joins as a control plane; a no-change preview after."""
+    lab, hosts = box.lab, box.hosts
+    before = {h.uuid for h in hosts.hosts.values() if h.name == name}
+    member_before = [m["id"] for m in cluster_store(hosts).get("members", []) if m.get("name") == name]
+    source = f"{_LAB}$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:Resource::{name}-clone-source"
+    facts: dict[str, Any] = {"up": lab.make("up", args=f"--yes --replace {source}", timeout=2400)}
+    facts["new_host"] = sorted({h.uuid for h in hosts.hosts.values() if h.name == name} - before)
+    store = cluster_store(hosts)
+    facts["members"] = [(m["id"], m.get("name"), m.get("learner")) for m in store.get("members", [])]
+    facts["member_before"] = member_before
+    facts["cluster"] = cluster_facts(box)
+    facts["again"] = lab.engine("preview", expect_no_changes=True)
+    return facts
+
+
+def upgrade(box: Box) -> dict[str, Any]:
+    """docs/runbook.md "Upgrading Kubernetes": kubernetes.version to the next minor the repository
+    serves and containerdVersion to the newer containerd.io, one `make up`: the control planes one
+    at a time, then each worker drained, upgraded and uncordoned; then a no-change preview."""
+    lab = box.lab
+    stack = ["--stack", lab.stack]
+    containerd = box.repo.containerd_versions[-1].split("-")[0]
+    lab.pulumi("config", "set", *stack, "--path", "labs-k8s:kubernetes.version", UPGRADED_KUBERNETES_VERSION)
+    lab.pulumi("config", "set", *stack, "--path", "labs-k8s:kubernetes.containerdVersion", containerd)
+    facts: dict[str, Any] = {"up": lab.make("up", args="--yes", timeout=3600), "containerd": containerd}
+    spans: dict[str, list[float]] = {}
+    for event in facts["up"].event_log():
+        for kind in ("resourcePreEvent", "resOutputsEvent"):
+            urn = str(event.get(kind, {}).get("metadata", {}).get("urn", ""))
+            if "-upgrade" in urn:
+                spans.setdefault(urn.rsplit("::", 1)[1], []).append(float(event["timestamp"]))
+    facts["spans"] = spans
+    facts["cluster"] = cluster_facts(box)
+    facts["store"] = cluster_store(box.hosts)
     facts["again"] = lab.engine("preview", expect_no_changes=True)
     return facts
 
@@ -641,9 +704,11 @@ def test_a_worker_added_gets_a_host_and_its_steps_and_removed_takes_its_host_wit
     facts = box.stages.get("worker")
     assert facts, f"the scenario stopped before the worker change: {sorted(box.stages)}"
     name, ip = EXTRA_WORKER
+    died = facts["join_died"]
+    assert not died.ok and f"{name}-kubeadm-join" in died.output, died.output[-3000:]
     assert facts["added"].ok, facts["added"].output[-3000:]
-    created = facts["added"].summary().get("create", 0)
-    assert created >= 4, facts["added"].summary()  # its VM, clone source, host key seed and steps
+    created = died.summary().get("create", 0) + facts["added"].summary().get("create", 0)
+    assert created >= 4, (died.summary(), facts["added"].summary())  # its VM, clone source, host key seed, steps
     assert facts["added_host"]["hostname"] == name and f"inet {ip}/{PREFIX}" in facts["added_host"]["address"]
     assert facts["removed"].ok, facts["removed"].output[-3000:]
     assert facts["removed"].summary().get("delete", 0) >= 4, facts["removed"].summary()
@@ -651,6 +716,41 @@ def test_a_worker_added_gets_a_host_and_its_steps_and_removed_takes_its_host_wit
     # It joined the cluster; removed, its leave guard drained it and deleted its Node.
     assert name in facts["store_after_add"].get("nodes", {}), sorted(facts["store_after_add"].get("nodes", {}))
     assert name not in facts["store_after_remove"].get("nodes", {}), sorted(facts["store_after_remove"]["nodes"])
+    assert facts["again"].ok, facts["again"].output[-3000:]
+
+
+def test_a_control_plane_replaced_leaves_etcd_and_its_new_vm_joins(box: Box) -> None:
+    facts = box.stages.get("replace")
+    assert facts, f"the scenario stopped before the replacement: {sorted(box.stages)}"
+    assert facts["up"].ok, facts["up"].output[-3000:]
+    assert len(facts["new_host"]) == 1, "the replaced VM did not get a new host"
+    members = facts["members"]
+    assert len(members) == len(CFG.control_planes) and all(learner is False for _, _, learner in members), members
+    assert facts["member_before"] and facts["member_before"][0] not in [m[0] for m in members], members
+    assert "labs-k8s-m03" in [name for _, name, _ in members], members
+    nodes = json.loads(facts["cluster"]["nodes"][4:])["items"]
+    ready = {n["metadata"]["name"] for n in nodes if {"type": "Ready", "status": "True"} in n["status"]["conditions"]}
+    assert ready == {n.name for n in CFG.kubernetes_nodes}, ready
+    assert facts["again"].ok, facts["again"].output[-3000:]
+
+
+def test_an_upgrade_goes_one_control_plane_at_a_time_then_drains_each_worker(box: Box) -> None:
+    facts = box.stages.get("upgrade")
+    assert facts, f"the scenario stopped before the upgrade: {sorted(box.stages)}"
+    assert facts["up"].ok, facts["up"].output[-3000:]
+    nodes = json.loads(facts["cluster"]["nodes"][4:])["items"]
+    versions = {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes}
+    assert set(versions.values()) == {f"v{UPGRADED_KUBERNETES_VERSION}"}, versions
+    for name, seen in facts["cluster"]["packages"].items():
+        assert f"containerd.io {facts['containerd']}-" in seen["installed"], (name, seen)
+        assert f"kubeadm {UPGRADED_KUBERNETES_VERSION}-" in seen["installed"], (name, seen)
+    spans = {name: (min(times), max(times)) for name, times in facts["spans"].items()}
+    planes = [spans[f"{n.name}-upgrade"] for n in CFG.control_planes]
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(planes)), planes  # one at a time
+    for worker in CFG.workers:
+        drain, upgraded, uncordon = (spans[f"{worker.name}-upgrade{s}"] for s in ("-drain", "", "-uncordon"))
+        assert planes[-1][1] <= drain[0] and drain[1] <= upgraded[0] and upgraded[1] <= uncordon[0], spans
+    assert not [n for n, node in facts["store"]["nodes"].items() if node.get("unschedulable")], facts["store"]
     assert facts["again"].ok, facts["again"].output[-3000:]
 
 
@@ -684,7 +784,10 @@ def test_make_destroy_empties_vcenter_and_the_box(box: Box) -> None:
         if e.get("resourcePreEvent", {}).get("metadata", {}).get("op") == "delete"
         and "command:remote:Command" in e["resourcePreEvent"]["metadata"]["urn"]
     ]
-    assert deletes and deletes[0] == "teardown-guard", deletes
+    leaves = [i for i, name in enumerate(deletes) if name.endswith("-leave-cluster")]
+    assert "teardown-guard" in deletes and leaves and deletes.index("teardown-guard") < min(leaves), deletes
+    for node in CFG.kubernetes_nodes:
+        assert f"not draining or removing {node.name}" in destroy.output, destroy.output[-3000:]
     before = box.stages["store_before_destroy"].get("nodes", {})
     after = box.stages["store_after_destroy"].get("nodes", {})
     assert sorted(after) == sorted(before) and len(after) == len(CFG.kubernetes_nodes), (before, after)

@@ -389,7 +389,15 @@ class BoxKubeadm(model.Kubeadm):
         self.join_cfg: dict[str, Any] = {}
 
     def client_kubeconfig(self) -> Path:
-        return Path(model.flag(self.args, "--kubeconfig") or "/etc/kubernetes/admin.conf")
+        """admin.conf, but `kubeadm upgrade node` on a node without an API server manifest (a worker,
+        which has no admin.conf) uses the kubelet's kubelet.conf (cmd/kubeadm/app/cmd/upgrade/node.go
+        newNodeData: isControlPlaneNode from the kube-apiserver manifest)."""
+        given = model.flag(self.args, "--kubeconfig")
+        if given:
+            return Path(given)
+        if self.args[:2] == ["upgrade", "node"] and not Path("/etc/kubernetes/manifests/kube-apiserver.yaml").exists():
+            return Path("/etc/kubernetes/kubelet.conf")
+        return Path("/etc/kubernetes/admin.conf")
 
     def require_api(self, phase: str) -> None:
         """kubeadm's client is built from admin.conf, whose server is controlPlaneEndpoint (the VIP);
