@@ -55,10 +55,11 @@ def test_make_up_runs_pulumi_up_on_the_stack_it_is_given():
     # Its recipe's last line hands over to the CLI (after the checks of components/tools/first_run.py).
     # (without SSH_AUTH_SOCK: a stale agent socket fails every remote step, tests/test_first_install.py)
     # ARGS (empty unless given) passes --yes, --target, --replace or --parallel through (issue 33),
-    # after LAYER's targets (empty unless LAYER is given: tests/test_first_install.py).
+    # after LAYER's targets (empty unless LAYER is given: tests/test_first_install.py), unexpanded
+    # (USER_ARGS: a URN's `$`, tests/test_first_install.py).
     assert re.search(
-        r"^up: .*\n(?:\t.*\n)*?\t\$\(LAYER_TARGETS\) \$\(NO_AGENT\) pulumi up --stack \$\(STACK\) "
-        r'"\$\$\{layer_targets\[@\]\}" \$\(ARGS\)$',
+        r"^up: .*\n(?:\t.*\n)*?\t\$\(LAYER_TARGETS\) \$\(USER_ARGS\) \$\(NO_AGENT\) pulumi up --stack \$\(STACK\) "
+        r'"\$\$\{layer_targets\[@\]\}" "\$\$\{user_args\[@\]\}"$',
         makefile,
         flags=re.M,
     )
