@@ -66,6 +66,7 @@ BOOT_LOG = "var/log/labs-k8s-box-boot.log"
 # sshd logs to syslog, which nothing reads in a host (no journald): the box has it write a file.
 SSHD_LOG = "var/log/labs-k8s-box-sshd.log"
 BRIDGE = "lk8s-box0"
+GATEWAY_MAC = "02:00:0a:03:3c:01"  # locally administered
 
 
 def _ip(*args: str) -> None:
@@ -177,7 +178,10 @@ class LabBox:
         self.root.mkdir(parents=True, exist_ok=True)
         self.store.mkdir(mode=0o700, exist_ok=True)
         self.modules = modules_index(self.root, self.rootfs)
-        _ip("-n", self.engine_netns, "link", "add", BRIDGE, "type", "bridge")
+        # A fixed MAC: a bridge without one takes its ports' lowest, so it changed whenever a VM
+        # came or went, and the nodes' ARP entries for the gateway (the CLI) went stale; a real
+        # gateway's does not change when a VM powers on.
+        _ip("-n", self.engine_netns, "link", "add", BRIDGE, "address", GATEWAY_MAC, "type", "bridge")
         _ip("-n", self.engine_netns, "addr", "add", self.gateway, "dev", BRIDGE)
         _ip("-n", self.engine_netns, "link", "set", BRIDGE, "up")
 

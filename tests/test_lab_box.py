@@ -54,7 +54,9 @@ from tests.requirements import require_root, require_tool
 from tests.standin_iso import build_standin_netinst
 from tests.test_real_engine import ISO_NAME, assert_no_clear_secret
 
-pytestmark = pytest.mark.integration
+# The whole scenario runs in the module fixture (about 15 minutes on 2 cores): more than the suite's
+# 600 s per test.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
 CFG = make_lab_config()
 NODES = [node.name for node in CFG.all_nodes]
