@@ -104,7 +104,7 @@ CLONE_PROPERTIES = ["name", "config.uuid", "config.template", "runtime.powerStat
                     "config.hardware.device"]  # fmt: skip
 
 
-def clone_facts(props: dict[str, object]) -> dict[str, object] | None:
+def clone_facts(props: dict[str, object], vm: str = "") -> dict[str, object] | None:
     """A clone's line for the box, or None for what is not a clone (a template, the builder, a VM
     without our user-data)."""
     if props.get("config.template") or "config.uuid" not in props:
@@ -122,6 +122,10 @@ def clone_facts(props: dict[str, object]) -> dict[str, object] | None:
         if isinstance(device, vim.vm.device.VirtualEthernetCard)
     ]
     return {
+        # `vm`, the managed object id, tells one VM from another: vcsim derives config.uuid from
+        # the VM's path (govmomi simulator virtual_machine.go, internal.OID(VmPathName)), so a
+        # replaced VM has the old one's uuid, where vCenter gives a new VM a new one.
+        "vm": vm,
         "uuid": props["config.uuid"],
         "name": props["name"],
         "state": str(props.get("runtime.powerState")),
@@ -143,15 +147,18 @@ def watch_clones(host: str, port: int, user: str, password_file: Path, stop: thr
             si = None
             continue
         seen: dict[str, dict[str, object]] = {}
-        for _machine, props in rows:
-            facts = clone_facts(props)
+        for machine, props in rows:
+            facts = clone_facts(props, machine._moId)
             if facts is not None:
-                seen[str(facts["uuid"])] = facts
-        for uuid, facts in seen.items():
-            if known.get(uuid, {}).get("state") != facts["state"]:
+                seen[str(facts["vm"])] = facts
+        # What went first: a VM replaced between two polls (deleted, then a new one under the same
+        # name, address and MAC) leaves before the new one comes.
+        for vm in known.keys() - seen.keys():
+            gone = {"vm": vm, "uuid": known[vm]["uuid"], "name": known[vm]["name"], "state": "gone"}
+            print("CLONE " + json.dumps(gone), flush=True)
+        for vm, facts in seen.items():
+            if known.get(vm, {}).get("state") != facts["state"]:
                 print("CLONE " + json.dumps(facts), flush=True)
-        for uuid in known.keys() - seen.keys():
-            print("CLONE " + json.dumps({"uuid": uuid, "name": known[uuid]["name"], "state": "gone"}), flush=True)
         known = seen
 
 

@@ -121,6 +121,7 @@ class NodeHost:
     uuid: str
     name: str
     mac: str
+    vm: str  # the managed object id: one VM (tests/engine_box.py clone_facts)
     guestinfo: dict[str, str]
     directory: Path
     netns: str
@@ -169,7 +170,7 @@ class LabBox:
     rootfs: Path  # the sealed template rootfs, every host's lower layer
     gateway: str  # with its prefix, e.g. 10.3.60.1/24: the stack's network.gateway
     data_disks: Mapping[str, DataDiskImage] = field(default_factory=dict)  # VM name -> its second disk
-    hosts: dict[str, NodeHost] = field(default_factory=dict)  # by VM uuid
+    hosts: dict[str, NodeHost] = field(default_factory=dict)  # by VM (managed object id)
     events: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _count: int = 0
@@ -200,8 +201,8 @@ class LabBox:
     def on_clone(self, facts: dict[str, Any]) -> None:
         with self.lock:
             self.events.append({**facts, "at": time.time()})
-            uuid, state = facts["uuid"], facts["state"]
-            host = self.hosts.get(uuid)
+            state = facts["state"]
+            host = self.hosts.get(str(facts.get("vm") or facts["uuid"]))
             if state == "poweredOn":
                 if host is None:
                     host = self._new_host(facts)
@@ -213,9 +214,10 @@ class LabBox:
 
     def _new_host(self, facts: Mapping[str, Any]) -> NodeHost:
         self._count += 1
-        directory = self.root / f"{facts['name']}-{facts['uuid'][:8]}"
+        vm = str(facts.get("vm") or facts["uuid"])
+        directory = self.root / f"{facts['name']}-{facts['uuid'][:8]}-{vm}"
         host = NodeHost(
-            uuid=facts["uuid"], name=facts["name"], mac=facts["mac"], guestinfo=dict(facts["guestinfo"]),
+            uuid=facts["uuid"], name=facts["name"], mac=facts["mac"], vm=vm, guestinfo=dict(facts["guestinfo"]),
             directory=directory, netns=f"lk8s-box-{os.getpid()}-{self._count}",
             veth=f"lk8sb{os.getpid() % 1000}n{self._count}",
             data_disk=self.data_disks.get(facts["name"]),
@@ -240,7 +242,7 @@ class LabBox:
         default_ssh = host.upper / "etc/default/ssh"
         default_ssh.parent.mkdir(parents=True, exist_ok=True)
         default_ssh.write_text(f'# labs-k8s box (test only): sshd logs to a file\nSSHD_OPTS="-E /{SSHD_LOG}"\n')
-        self.hosts[host.uuid] = host
+        self.hosts[host.vm] = host
         return host
 
     def _boot(self, host: NodeHost) -> None:
@@ -284,7 +286,7 @@ class LabBox:
 
     def _remove(self, host: NodeHost) -> None:
         """The VM is gone, and its disk: only its logs are kept (`logs`), for the artifacts."""
-        del self.hosts[host.uuid]
+        del self.hosts[host.vm]
         self.keep_logs(host)
         shutil.rmtree(host.directory, ignore_errors=True)
 

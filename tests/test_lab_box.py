@@ -444,11 +444,11 @@ def replace_control_plane(box: Box, name: str) -> dict[str, Any]:
     first (its etcd member removed, its Node deleted), then a new VM, so a new host with a new disk,
     which is prepared and joins as a control plane; a no-change preview after."""
     lab, hosts = box.lab, box.hosts
-    before = {h.uuid for h in hosts.hosts.values() if h.name == name}
+    before = {h.vm for h in hosts.hosts.values() if h.name == name}
     member_before = [m["id"] for m in cluster_store(hosts).get("members", []) if m.get("name") == name]
     source = f"{_LAB}$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:Resource::{name}-clone-source"
     facts: dict[str, Any] = {"up": lab.make("up", args=f"--yes --replace {source}", timeout=2400)}
-    facts["new_host"] = sorted({h.uuid for h in hosts.hosts.values() if h.name == name} - before)
+    facts["new_host"] = sorted({h.vm for h in hosts.hosts.values() if h.name == name} - before)
     store = cluster_store(hosts)
     facts["members"] = [(m["id"], m.get("name"), m.get("learner")) for m in store.get("members", [])]
     facts["member_before"] = member_before
