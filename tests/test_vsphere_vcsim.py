@@ -702,3 +702,17 @@ def test_a_nested_resource_pool_has_one_meaning(si: vim.ServiceInstance, vcsim: 
         f"{vs.inventory_path(si, dc.hostFolder)}/{resource_pool_path(lab)}"
     )
     assert by_path == nested
+
+
+def test_a_vm_made_again_under_the_same_name_gets_a_new_uuid(si: vim.ServiceInstance, vcsim: Vcsim) -> None:
+    """vCenter gives every new VM a new BIOS uuid (the vSphere provider's VM id). The simulator
+    derived it from the VM's path, so a VM replaced under its name came back with the old id and
+    the host-key step took the new VM for the old one (the lab in a box's control-plane
+    replacement); tests/tools/vcsim/main.go newUUIDForNewVM."""
+    first = vs.create_builder_vm(si, builder_spec(vcsim, name="labs-k8s-replaced"))
+    old_uuid = first.vm.config.uuid
+    vs.destroy_vm(first.vm)
+    second = vs.create_builder_vm(si, builder_spec(vcsim, name="labs-k8s-replaced"))
+    assert second.vm.config.uuid != old_uuid
+    assert vs.get_vm(si, "labs-k8s-replaced").config.uuid == second.vm.config.uuid
+    vs.destroy_vm(second.vm)

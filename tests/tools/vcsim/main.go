@@ -28,7 +28,10 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
+
+	"github.com/google/uuid"
 
 	"github.com/vmware/govmomi/simulator"
 	"github.com/vmware/govmomi/simulator/esx"
@@ -73,6 +76,7 @@ func main() {
 	registry := model.Map()
 	for _, vm := range registry.All("VirtualMachine") {
 		setRuntimeEnums(vm)
+		newUUIDForNewVM(vm)
 	}
 	registry.AddHandler(runtimeEnumDefaults{})
 	setDefaultHardwareVersion(registry)
@@ -120,6 +124,35 @@ func (runtimeEnumDefaults) Reference() types.ManagedObjectReference {
 
 func (runtimeEnumDefaults) PutObject(_ *simulator.Context, obj mo.Reference) {
 	setRuntimeEnums(obj)
+	newUUIDForNewVM(obj)
+}
+
+// uuidOwners: which VM (managed object id) each BIOS uuid was given to.
+var (
+	uuidOwners   = map[string]string{}
+	uuidOwnersMu sync.Mutex
+)
+
+// newUUIDForNewVM gives a new VM a BIOS uuid no earlier VM had, as vCenter does. The simulator
+// derives it from the VM's path (simulator/virtual_machine.go NewVirtualMachine:
+// internal.OID(VmPathName)), so a VM replaced under the same name (deleted, then cloned again)
+// came back with the old uuid: the vSphere provider's id of the new VM equalled the old one's, and
+// whatever tells one VM from the next by that id (the host-key step's pin) took it for the same.
+func newUUIDForNewVM(obj mo.Reference) {
+	vm, ok := obj.(*simulator.VirtualMachine)
+	if !ok || vm.Config == nil {
+		return
+	}
+	uuidOwnersMu.Lock()
+	defer uuidOwnersMu.Unlock()
+	self := vm.Self.Value
+	if owner, seen := uuidOwners[vm.Config.Uuid]; seen && owner != self {
+		vm.Config.Uuid = uuid.New().String()
+		if vm.Summary.Config.Uuid != "" {
+			vm.Summary.Config.Uuid = vm.Config.Uuid
+		}
+	}
+	uuidOwners[vm.Config.Uuid] = self
 }
 
 func (runtimeEnumDefaults) UpdateObject(*simulator.Context, mo.Reference, []types.PropertyChange) {}
