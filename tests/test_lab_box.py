@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,6 +249,28 @@ def plan_death(hosts: LabBox, node: str, workflow: str, phase: str) -> None:
         os.replace(written, store)
 
 
+# Open finding (issue #31, docs/testing.md): in about one run of two, the first session through the
+# VIP after a new node's prepare step (the leave guard's no-op create) ends with `EOF` right after
+# sshd accepted the key; the next `up` converges. Not yet explained, so not hidden: each occurrence
+# is recorded in box.stages["vip_eof"] (and printed by the test that reads it), and only this exact
+# failure of a leave guard's create gets the one retry a user would make.
+VIP_EOF = re.compile(
+    r"command:remote:Command (labs-k8s-\S+-leave-cluster) \*\*creating failed\*\*.*error: EOF: running \"true\""
+)
+
+
+def retried_on_vip_eof(box: Box, run: Any, again: Any = None) -> Result:
+    """`run()` (an `up`), and, when it failed only by the open finding above, `again()` (by default
+    `run` once more; a `--replace` is not repeated: the user's next `make up` is plain)."""
+    first: Result = run()
+    found = VIP_EOF.search(first.output) if not first.ok else None
+    if found is None:
+        return first
+    box.stages.setdefault("vip_eof", []).append(found.group(1))
+    warnings.warn(f"open finding (issue #31): EOF through the VIP on {found.group(1)}'s create; retried", stacklevel=2)
+    return (again or run)()
+
+
 def cluster_store(hosts: LabBox) -> dict[str, Any]:
     """The Kubernetes stand-ins' shared store (what etcd holds): the Nodes and the etcd members."""
     path = hosts.store / "cluster.json"
@@ -422,8 +445,8 @@ def add_and_remove_worker(box: Box) -> dict[str, Any]:
     # Its first join dies inside kubelet-start (the kubelet stopped, its files written): that `up`
     # fails on the join, and the next one converges.
     plan_death(hosts, name, "join", "kubelet-start/written")
-    facts: dict[str, Any] = {"join_died": lab.engine("up", timeout=1800)}
-    facts["added"] = lab.engine("up", timeout=1800)
+    facts: dict[str, Any] = {"join_died": retried_on_vip_eof(box, lambda: lab.engine("up", timeout=1800))}
+    facts["added"] = retried_on_vip_eof(box, lambda: lab.engine("up", timeout=1800))
     if facts["added"].ok:
         hosts.wait_booted([name], timeout=300)
         facts["added_host"] = first_boot_facts(hosts.by_name(name))
@@ -447,7 +470,13 @@ def replace_control_plane(box: Box, name: str) -> dict[str, Any]:
     before = {h.vm for h in hosts.hosts.values() if h.name == name}
     member_before = [m["id"] for m in cluster_store(hosts).get("members", []) if m.get("name") == name]
     source = f"{_LAB}$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:Resource::{name}-clone-source"
-    facts: dict[str, Any] = {"up": lab.make("up", args=f"--yes --replace {source}", timeout=2400)}
+    facts: dict[str, Any] = {
+        "up": retried_on_vip_eof(
+            box,
+            lambda: lab.make("up", args=f"--yes --replace {source}", timeout=2400),
+            lambda: lab.make("up", args="--yes", timeout=2400),
+        )
+    }
     facts["new_host"] = sorted({h.vm for h in hosts.hosts.values() if h.name == name} - before)
     store = cluster_store(hosts)
     facts["members"] = [(m["id"], m.get("name"), m.get("learner")) for m in store.get("members", [])]
