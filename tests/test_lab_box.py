@@ -259,6 +259,29 @@ VIP_EOF = re.compile(
 )
 
 
+STAT_QUERY = (
+    "import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock'); "
+    "s.sendall(b'show stat\\n'); print(s.makefile().read())"
+)
+
+
+def vip_evidence(box: Box) -> dict[str, str]:
+    """For the open finding: HAProxy's view of its servers on each running balancer, and the end of
+    each control plane's sshd log (the box keeps both in the artifacts through this stage)."""
+    evidence = {}
+    for node in [*CFG.balancers, *CFG.control_planes]:
+        host = next((h for h in box.hosts.hosts.values() if h.name == node.name and h.running()), None)
+        if host is None:
+            continue
+        if node in CFG.balancers:
+            shown = host.run("python3", "-c", STAT_QUERY)
+            evidence[node.name] = shown.stdout[-4000:] + shown.stderr[-500:]
+        else:
+            evidence[node.name] = "\n".join((host.upper / SSHD_LOG).read_text(errors="replace").splitlines()[-15:])
+    (box.lab.artifacts / f"vip-eof-{time.time():.0f}.json").write_text(json.dumps(evidence, indent=1))
+    return evidence
+
+
 def retried_on_vip_eof(box: Box, run: Any, again: Any = None) -> Result:
     """`run()` (an `up`), and, when it failed only by the open finding above, `again()` (by default
     `run` once more; a `--replace` is not repeated: the user's next `make up` is plain)."""
@@ -267,6 +290,7 @@ def retried_on_vip_eof(box: Box, run: Any, again: Any = None) -> Result:
     if found is None:
         return first
     box.stages.setdefault("vip_eof", []).append(found.group(1))
+    box.stages.setdefault("vip_eof_evidence", []).append(vip_evidence(box))
     warnings.warn(f"open finding (issue #31): EOF through the VIP on {found.group(1)}'s create; retried", stacklevel=2)
     return (again or run)()
 
