@@ -520,11 +520,15 @@ def upgrade(box: Box) -> dict[str, Any]:
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:kubernetes.version", UPGRADED_KUBERNETES_VERSION)
     lab.pulumi("config", "set", *stack, "--path", "labs-k8s:kubernetes.containerdVersion", containerd)
     facts: dict[str, Any] = {"up": lab.make("up", args="--yes", timeout=3600), "containerd": containerd}
+    # When each upgrade step ran: its create (or create-replacement) from the engine's pre event to
+    # its outputs event. A replaced step's other events (the replace itself, the old one's delete
+    # at the end of the update) are not its run.
     spans: dict[str, list[float]] = {}
     for event in facts["up"].event_log():
         for kind in ("resourcePreEvent", "resOutputsEvent"):
-            urn = str(event.get(kind, {}).get("metadata", {}).get("urn", ""))
-            if "-upgrade" in urn:
+            metadata = event.get(kind, {}).get("metadata", {})
+            urn = str(metadata.get("urn", ""))
+            if "-upgrade" in urn and metadata.get("op") in ("create", "create-replacement", "update"):
                 spans.setdefault(urn.rsplit("::", 1)[1], []).append(float(event["timestamp"]))
     facts["spans"] = spans
     facts["cluster"] = cluster_facts(box)
