@@ -3,15 +3,18 @@
 One scenario per run (the `box` fixture, module scope), on the real CLI, language host and
 plugins (tests/pulumi_engine.py): `make up LAYER=vsphere` clones the seven VMs in vcsim; each clone
 the real vSphere provider powers on becomes a node host (tests/lab_box.py), whose cloud-init first
-boot applies the user-data the provider set in the VM's guestinfo; then `up` of the fleet's and
-the balancers' remote steps runs them over the real pulumi-command SSH, with the pinned host keys,
-on those hosts: host keys, readiness, node settings, and HAProxy and Keepalived installed from
-Debian's real, signed packages through the stack's apt proxy (tests/apt_mirror.py), holding the
-VIP. A second preview changes nothing; `make destroy` empties vCenter and the box.
+boot applies the user-data the provider set in the VM's guestinfo; a first `up` of the fleet's and
+the balancers' steps is cut by a balancer's power-off; then `make up` runs the whole graph over the
+real pulumi-command SSH, with the pinned host keys: HAProxy and Keepalived from Debian's signed
+packages through the stack's apt proxy (tests/apt_mirror.py) holding the VIP, and every Kubernetes
+step to verify-cluster, with the stand-in packages from the box's signed repositories
+(tests/box_repo.py). Then the paths after the first `up`: no change, failover, key rotation, an
+impostor, a worker added (its join dying half-way) and removed, a control plane replaced, an
+upgrade, `make destroy`. Each test reads what the scenario kept for it.
 
-Not here yet (issue #31 goes on): the Kubernetes steps (their signed repositories of stand-in
-packages: tests/box_repo.py), the drills and the failure cases on the box, `make box`. docs/testing.md,
-"The lab in a box", says what is real and what is simulated.
+Not here yet (issue #31 goes on): the drills and a balancer killed while a step runs through the
+VIP. docs/testing.md, "The lab in a box", says what is real and what is simulated, and the open
+finding `retried_on_vip_eof` is about.
 """
 
 from __future__ import annotations
