@@ -39,7 +39,9 @@ def step_spans(events: list[dict[str, Any]]) -> dict[str, float]:
         stamp = float(event.get("timestamp", 0))
         for kind in ("resourcePreEvent", "resOutputsEvent", "resOpFailedEvent"):
             body = event.get(kind)
-            if isinstance(body, dict):
+            # Only what a provider does: a component's (and the stack's) events span all of its
+            # children, so counting them along the parent edges would count the children twice.
+            if isinstance(body, dict) and body.get("metadata", {}).get("provider"):
                 urn = str(body.get("metadata", {}).get("urn", ""))
                 if kind == "resourcePreEvent":
                     starts[urn] = stamp
