@@ -105,10 +105,12 @@ def measure(label: str, root: Path, workers: list[tuple[str, str]] | None) -> No
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as work:
-        measure("default lab (7 VMs)", Path(work) / "default", None)
-        ten = [(f"labs-k8s-w{i:02d}", f"10.3.60.{109 + i}") for i in range(1, 11)]
-        measure("10 workers (15 VMs)", Path(work) / "ten", ten)
+    # Kept (its artifacts are the CLI's output of every run): a failed run is looked into there.
+    work = tempfile.mkdtemp(prefix="labs-k8s-bench-")
+    print(f"bench: the boxes' artifacts are kept under {work}", flush=True)
+    measure("default lab (7 VMs)", Path(work) / "default", None)
+    ten = [(f"labs-k8s-w{i:02d}", f"10.3.60.{109 + i}") for i in range(1, 11)]
+    measure("10 workers (15 VMs)", Path(work) / "ten", ten)
     return 0
 
 
