@@ -309,24 +309,20 @@ def cluster_facts(box: Box) -> dict[str, Any]:
     repositories (apt's own view: version, hold, origin)."""
     first = box.hosts.by_name(CFG.control_planes[0].name)
 
-    def out(host: NodeHost, *argv: str) -> str:
-        result = host.run(*argv, timeout=120)
-        return f"[{result.returncode}] {(result.stdout + result.stderr).strip()}"
-
     kube = ("env", "KUBECONFIG=/etc/kubernetes/admin.conf")
     facts: dict[str, Any] = {
-        "nodes": out(first, *kube, "kubectl", "get", "nodes", "-o", "json"),
-        "pods": out(first, *kube, "kubectl", "-n", "kube-system", "get", "pods", "-o", "json"),
+        "nodes": ran(first, *kube, "kubectl", "get", "nodes", "-o", "json"),
+        "pods": ran(first, *kube, "kubectl", "-n", "kube-system", "get", "pods", "-o", "json"),
         "packages": {},
     }
     for node in CFG.kubernetes_nodes:
         host = box.hosts.by_name(node.name)
         facts["packages"][node.name] = {
-            "installed": out(host, "dpkg-query", "-W", "-f", "${Package} ${Version}\\n",
+            "installed": ran(host, "dpkg-query", "-W", "-f", "${Package} ${Version}\\n",
                              "kubeadm", "kubelet", "kubectl", "containerd.io"),
-            "held": out(host, "apt-mark", "showhold"),
-            "policy": out(host, "apt-cache", "policy", "kubeadm"),
-            "kubelet": out(host, "systemctl", "is-active", "kubelet"),
+            "held": ran(host, "apt-mark", "showhold"),
+            "policy": ran(host, "apt-cache", "policy", "kubeadm"),
+            "kubelet": ran(host, "systemctl", "is-active", "kubelet"),
         }  # fmt: skip
     return facts
 
@@ -611,16 +607,18 @@ def first_boot_facts(host: NodeHost) -> dict[str, str]:
     }
 
 
-def balancer_facts(host: NodeHost) -> dict[str, str]:
-    def out(*argv: str) -> str:
-        result = host.run(*argv)
-        return f"[{result.returncode}] {(result.stdout + result.stderr).strip()}"
+def ran(host: NodeHost, *argv: str, timeout: float = 120) -> str:
+    """`argv` on the host, as "[exit code] output" (what the tests read facts from)."""
+    result = host.run(*argv, timeout=timeout)
+    return f"[{result.returncode}] {(result.stdout + result.stderr).strip()}"
 
+
+def balancer_facts(host: NodeHost) -> dict[str, str]:
     return {
-        "haproxy": out("/etc/init.d/haproxy", "status"),
-        "keepalived": out("pidof", "keepalived"),  # its init script has no status action
-        "vip": out("ip", "-4", "-o", "addr", "show", "dev", CFG.network.interface),
-        "packages": out("dpkg-query", "-W", "-f", "${Package} ${Version} ${Status}\\n", "haproxy", "keepalived"),
+        "haproxy": ran(host, "/etc/init.d/haproxy", "status"),
+        "keepalived": ran(host, "pidof", "keepalived"),  # its init script has no status action
+        "vip": ran(host, "ip", "-4", "-o", "addr", "show", "dev", CFG.network.interface),
+        "packages": ran(host, "dpkg-query", "-W", "-f", "${Package} ${Version} ${Status}\\n", "haproxy", "keepalived"),
     }
 
 
