@@ -53,6 +53,13 @@ RUN_STEP = "sudo -n bash -s"
 # --kill-after follows with SIGKILL. A peer that vanished mid-step (a VM powered off, a balancer
 # failover) is bounded on the client side: x/crypto/ssh's Dial uses net.DialTimeout, whose TCP
 # keep-alive (Go net.Dialer, 15 s probes) ends the dead session within minutes.
+# The create of a step that runs its bundle only on delete (a leave guard). It must read its stdin
+# (the bundle) to the end: pulumi-command sends stdin on every run, and x/crypto/ssh's Session.Wait
+# returns the stdin copy's error when the command exits 0 (golang.org/x/crypto v0.48.0
+# ssh/session.go Wait, stdin). A `true` exits before the bundle is sent, sshd closes the channel,
+# and the copy's write fails: the step fails with a bare `EOF` (found by the lab in a box, where it
+# hit about one `up` of two through the VIP: docs/testing.md).
+NO_OP_CREATE = "cat >/dev/null"
 DEADLINE_MARGIN_SECONDS = 60
 KILL_AFTER_SECONDS = 20
 # The exit codes of `timeout` when it stopped the command (TERM: 124; KILL after --kill-after: 137).
@@ -428,7 +435,7 @@ class RemoteSteps:
         # A failed step names the node it ran on: its own, or the control plane the VIP led it to.
         node = NODE_AT_RUN_TIME if step.node is None else shlex.quote(step.node.name)
         stack = pulumi.get_stack()
-        create = "true"
+        create = NO_OP_CREATE
         if step.rerun_on_change:
             create = bounded_run(resource_name, step_deadline_seconds(step.timeout, dials), node, stack)
         if step.create_args:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from components.remote import NO_OP_CREATE
 from components.tools.offline import REPO_ROOT
 
 
@@ -264,7 +265,7 @@ def test_every_steps_create_and_delete_name_the_logs_command_for_its_node(offlin
         node = '"$(hostname)"' if host == VIP else NODE_ADDRESSES[host]
         for kind in ("create", "delete"):
             command = reg.plain_inputs.get(kind)
-            if not command or command == "true":  # a guard's create runs nothing on the node
+            if not command or command == NO_OP_CREATE:  # a guard's create runs nothing on the node
                 continue
             printed = (
                 "if [ $rc -ne 0 ]; then printf 'labs-k8s[%s]: failed (exit %s); its logs on %s: "

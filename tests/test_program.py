@@ -466,7 +466,7 @@ def test_every_bundle_runs_under_its_own_deadline_shorter_than_the_step_timeout(
         dials = connection["dialErrorLimit"] * (connection["perDialTimeout"] + 5)
         for kind, timeout_kind in (("create", "create"), ("delete", "delete")):
             command = reg.plain_inputs.get(kind)
-            if not command or command == "true":
+            if not command or command == remote_steps.NO_OP_CREATE:
                 continue
             kill_after, deadline, _args = _bounded(command)
             budget = _minutes(reg.custom_timeouts[timeout_kind]) * 60
@@ -619,7 +619,7 @@ def test_leave_guards_remove_a_node_before_its_vm_goes(offline_run):
         # on triggers only), so the delete that runs later logs in with the current key.
         assert "connection" not in leave.ignore_changes and "connection" not in leave.replace_on_changes
         # The create does nothing; the delete runs the bundle (drain, delete the Node, etcd member).
-        assert leave.plain_inputs["create"] == "true"
+        assert leave.plain_inputs["create"] == remote_steps.NO_OP_CREATE
         assert _bounded(leave.plain_inputs["delete"])[2] == ""
         assert "leave-cluster.sh" in leave.plain_inputs["stdin"] and node in leave.plain_inputs["stdin"]
         assert offline_run.depends_on(leave.name, node)

@@ -185,12 +185,13 @@ class SshLab:
                 self.net.stop_daemon(sshd.name, sshd.host)
         self.running.clear()
 
-    def step(self, via: str, host_key: str, step_secret: str) -> Result:
-        """`pulumi up` of the program on a new stack: one step through `via` pinned to `host_key`."""
+    def step(self, via: str, host_key: str, step_secret: str, create: str = "writes") -> Result:
+        """`pulumi up` of the program on a new stack: one step through `via` pinned to `host_key`
+        (`create`: the program's docstring)."""
         stack = f"{via}-{next(self._runs):02d}"
         cwd = ("--cwd", str(self.engine.workspace / PROGRAM))
         self.engine.pulumi("stack", "init", stack, *cwd)
-        settings = {"via": via, "hostKey": host_key, "dialAttempts": str(DIAL_ATTEMPTS)}
+        settings = {"via": via, "hostKey": host_key, "dialAttempts": str(DIAL_ATTEMPTS), "create": create}
         for key, value in settings.items():
             self.engine.pulumi("config", "set", *cwd, "--stack", stack, key, value)
         self.engine.pulumi(
@@ -339,3 +340,22 @@ def test_a_step_through_the_vip_refuses_the_control_plane_haproxy_picks_when_it_
     for host, sshd in served.items():
         if host != first:
             assert not sshd.marker().exists() and ACCEPTED not in sshd.log_text(), ssh.explain(sshd)
+
+
+def test_a_leave_guards_no_op_create_reads_its_bundle_so_the_step_does_not_end_in_eof(ssh: SshLab) -> None:
+    """A leave guard's create does nothing, but pulumi-command sends the bundle (for the delete) on
+    every run, and x/crypto/ssh reports the stdin copy's error when the command exits first
+    (components/remote.py NO_OP_CREATE). The control: a command that ends without reading a bundle
+    larger than the server's window fails the step with a bare `EOF`, the failure the lab in a box
+    met through the VIP in about one `up` of two while the no-op create was `true` (there the
+    race was the client's copy starting after sshd had closed the channel; here it is certain).
+    NO_OP_CREATE reads the same bundle to its end, and the step succeeds."""
+    served = serve_control_planes(ssh)
+    first = next(iter(served.values()))
+    control = ssh.step("vip", ssh.cluster_key.public_openssh, secrets.token_hex(16), create="ignores-stdin")
+    assert not control.ok and 'error: EOF: running "sleep 2"' in control.output, ssh.explain(first)
+    up = ssh.step("vip", ssh.cluster_key.public_openssh, secrets.token_hex(16), create="no-op")
+    explain = ssh.explain(first)
+    assert up.ok, f"the no-op create of a step with a bundle failed:\n{explain}"
+    assert first.log_text().count(SESSION) == 2, explain
+    assert not first.marker().exists(), explain

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,15 @@ def test_the_check_sees_a_step_registered_around_the_kinds(tmp_path: Path) -> No
         "self._steps._register",
         "self._steps._register",
     ]
+
+
+def test_a_guards_no_op_create_reads_its_whole_bundle() -> None:
+    """A guard's create runs with the bundle on stdin (pulumi-command sends it on every run): it must
+    read it to the end, or the SSH client's stdin copy fails and the step ends in `EOF`
+    (components/remote.py NO_OP_CREATE; the real provider's case: tests/test_real_ssh.py). Here the
+    writer is `head`, 4 MiB into a 64 KiB pipe: it dies of SIGPIPE (141) when the reader ends first."""
+    shown = subprocess.run(
+        ["bash", "-c", f'head -c 4194304 /dev/zero | {{ {remote.NO_OP_CREATE}; }}; echo "${{PIPESTATUS[0]}}"'],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    assert shown.stdout.strip() == "0", f"the writer of the bundle saw the no-op create end first: {shown}"

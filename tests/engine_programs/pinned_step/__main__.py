@@ -7,8 +7,15 @@ proof covers the program's code rather than a copy. Its stdin carries a secret, 
 command writes to `$HOME/step-ran` on the host that runs it: that file exists only where a
 session was opened and a command run.
 
+With `create: no-op` the step is a leave guard's create instead: `components.remote.NO_OP_CREATE`
+with a bundle on stdin larger than OpenSSH's session window (CHAN_SES_WINDOW_DEFAULT, 64 x 32 KiB:
+openssh channels.h). `create: ignores-stdin` is the control: a command that ends without reading
+that bundle, late enough that the client is still waiting for the window to send the rest
+(tests/test_real_ssh.py).
+
 Config (namespace `pinned-step`): `via` (`node` or `vip`), `hostKey` (the pin), `privateKey`
-(secret: the client key), `stepSecret` (secret: the stdin), `dialAttempts`.
+(secret: the client key), `stepSecret` (secret: the stdin), `dialAttempts`, `create` (`writes`,
+the default, `no-op` or `ignores-stdin`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import pulumi
 
-from components.remote import cluster_connection, command, connection
+from components.remote import NO_OP_CREATE, cluster_connection, command, connection
 from tests.labs import make_lab_config
 
 config = pulumi.Config()
@@ -38,11 +45,21 @@ elif via == "vip":
 else:
     raise ValueError(f"pinned-step:via is {via!r}: node or vip")
 
+# Beyond the server's 2 MiB window: the client cannot have sent it all before the command ends.
+BUNDLE_BYTES = 3 * 1024 * 1024
+step_secret = config.require_secret("stepSecret")
+IGNORES_STDIN = "sleep 2"
+if config.get("create") in ("no-op", "ignores-stdin"):
+    create = NO_OP_CREATE if config.get("create") == "no-op" else IGNORES_STDIN
+    stdin = step_secret.apply(lambda s: (s + "\n").ljust(BUNDLE_BYTES, "#"))
+else:
+    create, stdin = 'cat > "$HOME/step-ran"', step_secret
+
 step = command(
     "pinned-step",
     connection=target,
-    create='cat > "$HOME/step-ran"',
-    stdin=config.require_secret("stepSecret"),
+    create=create,
+    stdin=stdin,
     opts=pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create="5m", update="5m", delete="5m")),
 )
 pulumi.export("stepId", step.id)
