@@ -163,6 +163,11 @@ def kubelet_main(args: list[str]) -> int:
     started = time.monotonic()
     last_report = 0.0
     last_pods: dict[str, dict[str, str]] = {}
+    # The kubelet registers its Node once per start (kubelet_node_status.go registerWithAPIServer
+    # returns at once after `registrationCompleted`); after that it only updates it, so a Node
+    # deleted under a running kubelet stays deleted ("error getting node ... not found") until the
+    # kubelet starts again. A leave guard deletes the Node of a VM that still runs for a moment.
+    registered = False
     log(f"kubelet {box.version()} started on {node}")
     while True:
         pods = sync_static_pods()
@@ -174,8 +179,8 @@ def kubelet_main(args: list[str]) -> int:
                 return 1
         # Node status every 10 s; a pod's status as soon as it changes (the status manager).
         due = time.monotonic() - last_report >= HEARTBEAT_S or pods != last_pods
-        if bootstrap is None and due and report(node, pods):
-            last_report, last_pods = time.monotonic(), pods
+        if bootstrap is None and due and report(node, pods, register=not registered):
+            last_report, last_pods, registered = time.monotonic(), pods, True
         time.sleep(2.0)
 
 
@@ -216,8 +221,9 @@ def request_certificate(node: str, server: str, creds: net.Credentials) -> bool:
     return True
 
 
-def report(node: str, pods: dict[str, dict[str, str]]) -> bool:
-    """The Node's status and its mirror pods, to kubelet.conf's server with the node's certificate."""
+def report(node: str, pods: dict[str, dict[str, str]], register: bool) -> bool:
+    """The Node's status and its mirror pods, to kubelet.conf's server with the node's certificate;
+    `register`: create the Node if it is not there (the kubelet's first report after its start)."""
     found = client_credentials()
     if found is None:
         return False
@@ -229,6 +235,7 @@ def report(node: str, pods: dict[str, dict[str, str]]) -> bool:
         "kubelet_version": box.version(),
         "runtime": runtime_version() if containerd_answers() else "",
         "static_pods": pods,
+        "register": register,
     }
     try:
         status, text = net.request(host, port, "POST", "/standin/heartbeat", creds, body)
@@ -517,6 +524,12 @@ def apiserver_main(version: str) -> int:
                 self.reply(403, {"kind": "Status", "reason": "Forbidden", "code": 403})
                 return
             with box.BoxCluster(local=node).locked() as cluster:
+                if name not in cluster.s["nodes"] and not request.get("register"):
+                    # An update of a Node that is gone: the kubelet's GET fails (kubelet_node_status.go
+                    # tryUpdateNodeStatus), nothing is created.
+                    self.reply(404, {"kind": "Status", "reason": "NotFound", "code": 404,
+                                     "message": f'nodes "{name}" not found'})  # fmt: skip
+                    return
                 entry = cluster.s["nodes"].setdefault(name, {"labels": {}})
                 entry.update(
                     heartbeat=time.time(),
