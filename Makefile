@@ -86,13 +86,16 @@ stack-named:
 	  exit 2; \
 	fi
 
+# After a failed `pulumi up` or `destroy`: what to do (docs/runbook.md, "When a step fails half-way").
+AGAIN_HINT = || { rc=$$?; echo "make $@: pulumi $@ failed (exit $$rc). Every step is guarded and safe to run again: fix what the first error above names (a failed step prints the command that collects its logs; a step whose SSH session was cut, with EOF, a reset or no exit status, lost only its machine or balancer), then run make $@ again (docs/runbook.md, \"When a step fails half-way\")." >&2; exit $$rc; }
+
 # Before the Pulumi CLI runs: is it installed and logged in, which backend and stack, does the
 # stack exist (up/preview create it, destroy never does), are its settings complete
 # (components/tools/first_run.py). Each problem comes with the command that fixes it.
 up: stack-named venv
 	$(LAYER_KNOWN)
 	$(PY) -m components check --stack $(STACK) --for up
-	$(LAYER_TARGETS) $(USER_ARGS) $(NO_AGENT) pulumi up --stack $(STACK) "$${layer_targets[@]}" "$${user_args[@]}"
+	$(LAYER_TARGETS) $(USER_ARGS) $(NO_AGENT) pulumi up --stack $(STACK) "$${layer_targets[@]}" "$${user_args[@]}" $(AGAIN_HINT)
 
 preview: stack-named venv
 	$(LAYER_KNOWN)
@@ -108,7 +111,7 @@ destroy: stack-named venv
 	  echo "make destroy: LAYER is for up and preview; destroy removes every resource of the stack" >&2; \
 	  echo "  (one resource: make destroy ARGS='--target URN')" >&2; exit 2; fi
 	$(PY) -m components check --stack $(STACK) --for destroy
-	$(USER_ARGS) $(NO_AGENT) pulumi destroy --stack $(STACK) --refresh "$${user_args[@]}"
+	$(USER_ARGS) $(NO_AGENT) pulumi destroy --stack $(STACK) --refresh "$${user_args[@]}" $(AGAIN_HINT)
 
 render: venv
 	$(PY) -m components render --stack $(or $(STACK),labs) --out render

@@ -32,7 +32,8 @@ first-install path depends on, after the real CLI (pulumi/pulumi pkg/cmd/pulumi)
   as the stack's last update, and its resources as the stack's deployment, with the default vSphere
   provider configured from the stack's `vsphere:*` settings (pkg/resource/deploy/target.go
   GetPackageConfig: the namespace stripped, strings, secrets kept secret).
-- `destroy` (leaves a deployment without resources), `version`.
+- `destroy` (leaves a deployment without resources), `version`. With $FAKE_PULUMI_FAILS set, `up`
+  and `destroy` fail with its text as the engine's error (status 255), as a failed step makes them.
 """
 
 from __future__ import annotations
@@ -374,6 +375,9 @@ def cmd_run(command: str, options: dict[str, str | bool]) -> None:
     problem = agent_problem() if command in ("up", "destroy") else None
     if problem:
         fail(f"every command:remote:Command failed: {problem}")
+    if os.environ.get("FAKE_PULUMI_FAILS") and command in ("up", "destroy"):
+        # A test's failed step (the engine's error, status 255).
+        fail(os.environ["FAKE_PULUMI_FAILS"])
     if command == "destroy":
         # What a destroy leaves: a deployment without resources.
         existing = stacks()

@@ -330,6 +330,22 @@ def test_a_urn_in_args_reaches_the_cli_untouched(sandbox, target):
     assert call[-5:] == ["--yes", "--replace", urn, "--message", "two words"], call
 
 
+@pytest.mark.parametrize("target", ["up", "destroy"])
+def test_a_failed_up_says_what_to_do(sandbox, target):
+    """A step that failed (here one whose SSH session was cut, as a balancer failover cuts it):
+    make keeps the CLI's exit status and says what to do next, with the runbook's section."""
+    ready_stack(sandbox)
+    if target == "destroy":
+        assert sandbox.make("up", f"STACK={STACK}").returncode == 0
+    cut = "command:remote:Command labs-k8s-w03-leave-cluster deleting failed: EOF"
+    made = sandbox.make(target, f"STACK={STACK}", FAKE_PULUMI_FAILS=cut)
+    assert made.returncode != 0 and cut in made.stderr, made.stderr
+    hint = next(line for line in made.stderr.splitlines() if line.startswith(f"make {target}: pulumi {target} failed"))
+    assert "(exit 255)" in hint and f"then run make {target} again" in hint, hint
+    section = re.search(r'docs/runbook\.md, "([^"]+)"', hint)
+    assert section and f"## {section.group(1)}\n" in (sandbox.repo / "docs" / "runbook.md").read_text(), hint
+
+
 @pytest.mark.parametrize("target", ["up", "preview"])
 def test_layer_hands_the_layers_targets_to_the_cli_untouched(sandbox, target):
     """`make up LAYER=vsphere`: the vSphere half's `--target` URNs hold `$` and `*`. Each reaches the
