@@ -18,7 +18,8 @@ With --watch-clones (the lab in a box, tests/lab_box.py) it also reports every c
 folder whose power state changes, as vCenter sees it: one line `CLONE {"uuid", "name", "state",
 "mac", "guestinfo"}` per change, `state` one of poweredOn, poweredOff, gone; `guestinfo` every
 `guestinfo.*` key of the VM's extraConfig exactly as the vSphere provider set it (values and
-encodings), which is what a clone's VMware tools would hand cloud-init.
+encodings), which is what a clone's VMware tools would hand cloud-init. And it sets each clone's
+guest address in vcsim from what the box's VMware Tools report (`apply_guest_addresses`).
 """
 
 from __future__ import annotations
@@ -138,6 +139,8 @@ def watch_clones(host: str, port: int, user: str, password_file: Path, stop: thr
     """Print a CLONE line whenever a clone is powered on or off, or goes (module docstring)."""
     si = None
     known: dict[str, dict[str, object]] = {}
+    addresses = password_file.parent / "guest-addresses.json"
+    applied: dict[str, str] = {}
     while not stop.wait(0.5):
         try:
             if si is None:
@@ -160,6 +163,31 @@ def watch_clones(host: str, port: int, user: str, password_file: Path, stop: thr
             if known.get(vm, {}).get("state") != facts["state"]:
                 print("CLONE " + json.dumps(facts), flush=True)
         known = seen
+        applied = apply_guest_addresses(addresses, {m._moId: m for m, _ in rows}, applied)
+
+
+def apply_guest_addresses(
+    source: Path, machines: dict[str, vim.VirtualMachine], applied: dict[str, str]
+) -> dict[str, str]:
+    """What the box's VMware Tools report (tests/lab_box.py `report_guest_addresses`: {VM: address}),
+    set as each VM's guest.ipAddress through vcsim's SET.guest.ipAddress extraConfig key (the
+    simulator sets the property and keeps nothing in the VM's extraConfig: govmomi
+    simulator/virtual_machine.go applyExtraConfig). Returns what is now applied."""
+    try:
+        wanted = json.loads(source.read_text())
+    except (OSError, ValueError):
+        return applied
+    done = {vm: ip for vm, ip in applied.items() if vm in machines}
+    for vm, ip in wanted.items():
+        if vm not in machines or done.get(vm) == ip:
+            continue
+        spec = vim.vm.ConfigSpec(extraConfig=[vim.option.OptionValue(key="SET.guest.ipAddress", value=ip)])
+        try:
+            vs.wait_for_task(machines[vm].ReconfigVM_Task(spec), f"guest address of {vm}")
+        except (vs.VSphereError, vmodl.fault.ManagedObjectNotFound, vim.fault.TaskInProgress):
+            continue
+        done[vm] = ip
+    return done
 
 
 def main(argv: list[str] | None = None) -> int:

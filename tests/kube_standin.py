@@ -1440,6 +1440,23 @@ def check_client_files(c: Cluster, local: str, kubeconfig: str) -> None:
         raise Fail("Error in configuration: \n" + "\n".join(problems))
 
 
+def wait_out_blocked_evictions(c: Cluster, node: str, timeout: float) -> None:
+    """A PodDisruptionBudget that allows no disruption covers a pod on `node` (`pdb_blocks`, a
+    test's plan): kubectl drain retries each refused eviction (429) every 5 s until its --timeout,
+    then fails (k8s.io/kubectl/pkg/drain drain.go evictPods: "global timeout reached"). When the
+    eviction is first refused, `evictions_refused[node]` records the time (what a test waits for).
+    A budget lifted meanwhile lets the drain finish. (No --timeout: kubectl waits for ever; the
+    model, for a day.)"""
+    c.s.setdefault("evictions_refused", {})[node] = c.now
+    if not c.wait(lambda: node not in c.s.get("pdb_blocks", []), timeout or 86400.0):
+        raise Fail(
+            f'error when evicting pods/"held-{node}" -n "default" (will retry after 5s): Cannot evict pod as it '
+            f'would violate the pod\'s disruption budget.\nThere are pending pods in node "{node}" when an error '
+            f"occurred: global timeout reached: {timeout:g}s",
+            1,
+        )
+
+
 def kubectl(c: Cluster, local: str, args: list[str]) -> None:
     kubeconfig = flag(args, "--kubeconfig")
     if kubeconfig is None:
@@ -1542,6 +1559,8 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
         if name not in c.s["nodes"]:
             raise Fail(f'Error from server (NotFound): nodes "{name}" not found')
         c.s["nodes"][name]["unschedulable"] = True
+        if verb == "drain" and "--disable-eviction" not in args and name in c.s.get("pdb_blocks", []):
+            wait_out_blocked_evictions(c, name, parse_duration(flag(args, "--timeout") or "0s"))
         if verb == "drain":
             code = c.s.get("drain_exit", {}).get("force" if "--disable-eviction" in args else "evict", 0)
             if code:

@@ -60,11 +60,14 @@ REPO = Path(__file__).resolve().parents[1]
 BOX_TOOLS = REPO / "tests" / "tools" / "box"
 HOST_BOOT = BOX_TOOLS / "host-boot.sh"
 HOST_INIT = BOX_TOOLS / "init.sh"
+HOST_SYSLOGD = BOX_TOOLS / "syslogd.py"
 HOST_SBIN = BOX_TOOLS / "sbin"
 INIT_IN_HOST = "usr/local/lib/labs-k8s-box/init"
 BOOT_LOG = "var/log/labs-k8s-box-boot.log"
-# sshd logs to syslog, which nothing reads in a host (no journald): the box has it write a file.
+# sshd writes a file of its own (VERBOSE: each session's close and its reason), the other daemons
+# syslog (tests/tools/box/syslogd.py).
 SSHD_LOG = "var/log/labs-k8s-box-sshd.log"
+SYSLOG = "var/log/labs-k8s-box-syslog.log"
 BRIDGE = "lk8s-box0"
 GATEWAY_MAC = "02:00:0a:03:3c:01"  # locally administered
 
@@ -170,6 +173,9 @@ class LabBox:
     rootfs: Path  # the sealed template rootfs, every host's lower layer
     gateway: str  # with its prefix, e.g. 10.3.60.1/24: the stack's network.gateway
     data_disks: Mapping[str, DataDiskImage] = field(default_factory=dict)  # VM name -> its second disk
+    # Where the box's VMware Tools write each running VM's guest address for the engine box to put
+    # into vcsim (`report_guest_addresses`); None: not reported.
+    guest_addresses: Path | None = None
     hosts: dict[str, NodeHost] = field(default_factory=dict)  # by VM (managed object id)
     events: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -195,6 +201,8 @@ class LabBox:
                     self.on_clone(json.loads(line.removeprefix("CLONE ")))
 
         thread = threading.Thread(target=loop, daemon=True)
+        if self.guest_addresses is not None:
+            threading.Thread(target=self.report_guest_addresses, daemon=True).start()
         thread.start()
         return thread
 
@@ -235,13 +243,16 @@ class LabBox:
         init = host.upper / INIT_IN_HOST
         init.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(HOST_INIT, init)
+        shutil.copy2(HOST_SYSLOGD, init.parent / "syslogd")
         sbin = host.upper / "usr/local/sbin"
         sbin.mkdir(parents=True, exist_ok=True)
         for tool in HOST_SBIN.glob("*.sh"):
             shutil.copy2(tool, sbin / tool.stem)  # systemctl.sh is the host's systemctl
         default_ssh = host.upper / "etc/default/ssh"
         default_ssh.parent.mkdir(parents=True, exist_ok=True)
-        default_ssh.write_text(f'# labs-k8s box (test only): sshd logs to a file\nSSHD_OPTS="-E /{SSHD_LOG}"\n')
+        default_ssh.write_text(
+            f'# labs-k8s box (test only): sshd logs to a file\nSSHD_OPTS="-E /{SSHD_LOG} -o LogLevel=VERBOSE"\n'
+        )
         self.hosts[host.vm] = host
         return host
 
@@ -289,6 +300,38 @@ class LabBox:
         del self.hosts[host.vm]
         self.keep_logs(host)
         shutil.rmtree(host.directory, ignore_errors=True)
+
+    def report_guest_addresses(self) -> None:
+        """VMware Tools, for the drills (components/tools/drills/vcenter.py reads guest.ipAddress):
+        each running host's address as its NIC holds it, the VIP while it holds one (a Keepalived
+        VIP is the address the drill looks for), written to `guest_addresses` as {VM: address},
+        which the engine box sets in vcsim (tests/engine_box.py `apply_guest_addresses`). Real
+        Tools report every 30 s by default; this every second, so the drills' bounds measure the lab.
+        vcsim holds one guest address per VM (its SET.guest.ipAddress), so a VIP holder reports
+        the VIP alone."""
+        assert self.guest_addresses is not None
+        written: dict[str, str] = {}
+        while True:
+            with self.lock:
+                running = [(h.vm, h.netns) for h in self.hosts.values() if h.running()]
+            report: dict[str, str] = {}
+            for vm, netns in running:
+                shown = subprocess.run(
+                    ["ip", "-n", netns, "-4", "-o", "addr", "show", "scope", "global"],
+                    capture_output=True, text=True, check=False,
+                )  # fmt: skip
+                lines = shown.stdout.splitlines()
+                # Keepalived adds the VIP in the node's own subnet (cloudinit/lb/keepalived.conf.j2),
+                # so the kernel lists it as a secondary address.
+                vip = next((line.split()[3].split("/")[0] for line in lines if " secondary " in line), None)
+                if lines:
+                    report[vm] = vip or lines[0].split()[3].split("/")[0]
+            if report != written:
+                staged = self.guest_addresses.with_suffix(".staged")
+                staged.write_text(json.dumps(report))
+                os.replace(staged, self.guest_addresses)
+                written = report
+            time.sleep(1)
 
     @property
     def store(self) -> Path:

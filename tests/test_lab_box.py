@@ -12,9 +12,8 @@ step to verify-cluster, with the stand-in packages from the box's signed reposit
 impostor, a worker added (its join dying half-way) and removed, a control plane replaced, an
 upgrade, `make destroy`. Each test reads what the scenario kept for it.
 
-Not here yet (issue #31 goes on): the drills and a balancer killed while a step runs through the
-VIP. docs/testing.md, "The lab in a box", says what is real and what is simulated, and the open
-finding `retried_on_vip_eof` is about.
+Not here yet (issue #31 goes on): the drills. docs/testing.md, "The lab in a box", says what is
+real and what is simulated.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import shutil
 import subprocess
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +49,7 @@ from tests.apt_mirror import record
 from tests.box_repo import STANDIN_DEPENDS, BoxRepo
 from tests.box_repo import build as build_box_repo
 from tests.firstboot import sealed_rootfs
-from tests.lab_box import SSHD_LOG, DataDiskImage, LabBox, NodeHost
+from tests.lab_box import SSHD_LOG, SYSLOG, DataDiskImage, LabBox, NodeHost
 from tests.labs import make_lab_config
 from tests.pulumi_engine import EngineLab, Result, readme_setup, start_lab, stop_lab
 from tests.requirements import require_root, require_tool
@@ -134,7 +132,11 @@ def open_box(root: Path, workers: list[tuple[str, str]] | None = None) -> Iterat
     shutil.copy2(build_standin_netinst(root / "standin"), served / ISO_NAME)
     iso_sha = hashlib.sha256((served / ISO_NAME).read_bytes()).hexdigest()
     lab = start_lab(root / "lab", vcsim_binary(), served, watch_clones=True)
-    hosts = LabBox(root / "hosts", lab.netns, rootfs, f"{CFG.network.gateway}/{PREFIX}", data_disks(workers))
+    assert lab.password_file is not None
+    hosts = LabBox(
+        root / "hosts", lab.netns, rootfs, f"{CFG.network.gateway}/{PREFIX}", data_disks(workers),
+        guest_addresses=lab.password_file.parent / "guest-addresses.json",
+    )  # fmt: skip
     assert lab.box is not None and lab.box.stdout is not None
     hosts.follow(lab.box.stdout)
     mirror_log = lab.artifacts / "apt-mirror.log"
@@ -239,63 +241,64 @@ def run_scenario(box: Box) -> None:
         box.stages["store_after_destroy"] = cluster_store(hosts)
 
 
-def plan_death(hosts: LabBox, node: str, workflow: str, phase: str) -> None:
-    """The stand-in kubeadm on `node` dies after `phase` of its next `workflow` ("init", "join"):
-    kube_standin.py `die_after`, planned in the cluster store under the stand-ins' own lock."""
+def edit_store(hosts: LabBox, edit: Any) -> None:
+    """`edit(state)` on the stand-ins' cluster store, under their own lock (a test's plan)."""
     store = hosts.store / "cluster.json"
     with open(hosts.store / "cluster.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         state = json.loads(store.read_text())
-        state.setdefault("die", {}).setdefault(node, {})[workflow] = phase
+        edit(state)
         written = store.with_name(".cluster.json.plan")
         written.write_text(json.dumps(state))
         os.replace(written, store)
 
 
-# Open finding (issue #31, docs/testing.md): in about one run of two, the first session through the
-# VIP after a new node's prepare step (the leave guard's no-op create) ends with `EOF` right after
-# sshd accepted the key; the next `up` converges. Not yet explained, so not hidden: each occurrence
-# is recorded in box.stages["vip_eof"] (and printed by the test that reads it), and only this exact
-# failure of a leave guard's create gets the one retry a user would make.
-VIP_EOF = re.compile(
-    r"command:remote:Command (labs-k8s-\S+-leave-cluster) \*\*creating failed\*\*.*error: EOF: running \"true\""
-)
+def plan_death(hosts: LabBox, node: str, workflow: str, phase: str) -> None:
+    """The stand-in kubeadm on `node` dies after `phase` of its next `workflow` ("init", "join"):
+    kube_standin.py `die_after`."""
+    edit_store(hosts, lambda state: state.setdefault("die", {}).setdefault(node, {}).__setitem__(workflow, phase))
 
 
-STAT_QUERY = (
-    "import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock'); "
-    "s.sendall(b'show stat\\n'); print(s.makefile().read())"
-)
+def block_evictions(hosts: LabBox, node: str, blocked: bool) -> None:
+    """A PodDisruptionBudget that allows no disruption covers a pod on `node`, or no longer does:
+    a drain there waits (kube_standin.py `wait_out_blocked_evictions`)."""
+
+    def edit(state: dict[str, Any]) -> None:
+        nodes = [n for n in state.get("pdb_blocks", []) if n != node]
+        state["pdb_blocks"] = [*nodes, node] if blocked else nodes
+        state.setdefault("evictions_refused", {}).pop(node, None)
+
+    edit_store(hosts, edit)
 
 
-def vip_evidence(box: Box) -> dict[str, str]:
-    """For the open finding: HAProxy's view of its servers on each running balancer, and the end of
-    each control plane's sshd log (the box keeps both in the artifacts through this stage)."""
-    evidence = {}
-    for node in [*CFG.balancers, *CFG.control_planes]:
-        host = next((h for h in box.hosts.hosts.values() if h.name == node.name and h.running()), None)
-        if host is None:
-            continue
-        if node in CFG.balancers:
-            shown = host.run("python3", "-c", STAT_QUERY)
-            evidence[node.name] = shown.stdout[-4000:] + shown.stderr[-500:]
-        else:
-            evidence[node.name] = "\n".join((host.upper / SSHD_LOG).read_text(errors="replace").splitlines()[-15:])
-    (box.lab.artifacts / f"vip-eof-{time.time():.0f}.json").write_text(json.dumps(evidence, indent=1))
-    return evidence
-
-
-def retried_on_vip_eof(box: Box, run: Any, again: Any = None) -> Result:
-    """`run()` (an `up`), and, when it failed only by the open finding above, `again()` (by default
-    `run` once more; a `--replace` is not repeated: the user's next `make up` is plain)."""
-    first: Result = run()
-    found = VIP_EOF.search(first.output) if not first.ok else None
-    if found is None:
-        return first
-    box.stages.setdefault("vip_eof", []).append(found.group(1))
-    box.stages.setdefault("vip_eof_evidence", []).append(vip_evidence(box))
-    warnings.warn(f"open finding (issue #31): EOF through the VIP on {found.group(1)}'s create; retried", stacklevel=2)
-    return (again or run)()
+def vip_holder_killed_mid_step(box: Box, up: Any, running: Any) -> dict[str, Any]:
+    """`up()` in a thread; once `running()` says its step is at work on a control plane through the
+    VIP, the VIP's holder is powered off in vcsim. The step's session ends with it (its TCP
+    connection was to the VIP, which the other balancer now holds and knows nothing of): how long
+    until `up` fails. The holder is then powered on again."""
+    lab, hosts = box.lab, box.hosts
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.__setitem__("up", up()))
+    thread.start()
+    started = time.monotonic()
+    while thread.is_alive() and time.monotonic() - started < 600:
+        if running():
+            holders = vip_holders(hosts)
+            result["killed"] = holders
+            if len(holders) == 1:
+                set_power(lab, holders[0], on=False)
+                result["killed_at"] = time.monotonic()
+            break
+        time.sleep(0.5)
+    thread.join()
+    if "killed_at" in result:
+        result["failed_after_s"] = round(time.monotonic() - result["killed_at"], 1)
+        set_power(lab, result["killed"][0], on=True)
+        hosts.wait_booted(result["killed"], timeout=300)
+        deadline = time.monotonic() + 60
+        while not vip_answers(lab) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    return result
 
 
 def cluster_store(hosts: LabBox) -> dict[str, Any]:
@@ -468,13 +471,21 @@ def add_and_remove_worker(box: Box) -> dict[str, Any]:
     # Its first join dies inside kubelet-start (the kubelet stopped, its files written): that `up`
     # fails on the join, and the next one converges.
     plan_death(hosts, name, "join", "kubelet-start/written")
-    facts: dict[str, Any] = {"join_died": retried_on_vip_eof(box, lambda: lab.engine("up", timeout=1800))}
-    facts["added"] = retried_on_vip_eof(box, lambda: lab.engine("up", timeout=1800))
+    facts: dict[str, Any] = {"join_died": lab.engine("up", timeout=1800)}
+    facts["added"] = lab.engine("up", timeout=1800)
     if facts["added"].ok:
         hosts.wait_booted([name], timeout=300)
         facts["added_host"] = first_boot_facts(hosts.by_name(name))
     facts["store_after_add"] = cluster_store(hosts)
     stack_file.write_text(before)
+    # Removed while a PodDisruptionBudget holds its drain (the leave guard's delete, through the
+    # VIP, waits on it): the VIP's holder dies meanwhile, and that `up` fails with the session. The
+    # budget lifted, the next `up` runs the delete again and converges.
+    block_evictions(hosts, name, blocked=True)
+    facts["vip_killed"] = vip_holder_killed_mid_step(
+        box, lambda: lab.engine("up", timeout=1800), lambda: name in cluster_store(hosts).get("evictions_refused", {})
+    )
+    block_evictions(hosts, name, blocked=False)
     facts["removed"] = lab.engine("up", timeout=1800)
     facts["store_after_remove"] = cluster_store(hosts)
     deadline = time.monotonic() + 30
@@ -493,13 +504,7 @@ def replace_control_plane(box: Box, name: str) -> dict[str, Any]:
     before = {h.vm for h in hosts.hosts.values() if h.name == name}
     member_before = [m["id"] for m in cluster_store(hosts).get("members", []) if m.get("name") == name]
     source = f"{_LAB}$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:Resource::{name}-clone-source"
-    facts: dict[str, Any] = {
-        "up": retried_on_vip_eof(
-            box,
-            lambda: lab.make("up", args=f"--yes --replace {source}", timeout=2400),
-            lambda: lab.make("up", args="--yes", timeout=2400),
-        )
-    }
+    facts: dict[str, Any] = {"up": lab.make("up", args=f"--yes --replace {source}", timeout=2400)}
     facts["new_host"] = sorted({h.vm for h in hosts.hosts.values() if h.name == name} - before)
     store = cluster_store(hosts)
     facts["members"] = [(m["id"], m.get("name"), m.get("learner")) for m in store.get("members", [])]
@@ -583,6 +588,13 @@ def balancer_failover(box: Box) -> dict[str, Any]:
         time.sleep(0.2)
     facts["answered_after_s"] = round(time.monotonic() - off, 1)
     facts["during"] = vip_holders(hosts)
+    # What Keepalived itself said on the balancer that took over (its syslog: tests/tools/box/syslogd.py).
+    taker = next(iter(facts["during"]), None)
+    log = hosts.by_name(taker).upper / SYSLOG if taker else None
+    facts["taker_log"] = [
+        line for line in (log.read_text(errors="replace").splitlines() if log and log.exists() else [])
+        if "Keepalived_vrrp" in line
+    ]  # fmt: skip
     set_power(lab, before[0], on=True)
     facts["reboot_s"] = round(hosts.wait_booted([before[0]], timeout=300), 1)
     time.sleep(5)  # Keepalived's adverts settle (advert_int 1 s)
@@ -770,8 +782,16 @@ def test_a_worker_added_gets_a_host_and_its_steps_and_removed_takes_its_host_wit
     created = died.summary().get("create", 0) + facts["added"].summary().get("create", 0)
     assert created >= 4, (died.summary(), facts["added"].summary())  # its VM, clone source, host key seed, steps
     assert facts["added_host"]["hostname"] == name and f"inet {ip}/{PREFIX}" in facts["added_host"]["address"]
+    # The VIP's holder powered off while the leave guard's delete waited on a drain through it: that
+    # `up` failed on the delete, within the TCP keep-alive of the provider's SSH dial (Go's
+    # net.Dialer: a 15 s idle probe, which the new holder answers with a reset), not the step's
+    # 15-minute timeout; the VM stayed for the next `up`.
+    killed = facts["vip_killed"]
+    assert "killed_at" in killed, f"the drain never waited, or no single VIP holder: {killed}"
+    assert not killed["up"].ok and f"{name}-leave-cluster" in killed["up"].output, killed["up"].output[-3000:]
+    assert killed["failed_after_s"] < 90, killed["failed_after_s"]
     assert facts["removed"].ok, facts["removed"].output[-3000:]
-    assert facts["removed"].summary().get("delete", 0) >= 4, facts["removed"].summary()
+    assert facts["removed"].summary().get("delete", 0) >= 3, facts["removed"].summary()
     assert facts["hosts_after"] == sorted(NODES), facts["hosts_after"]
     # It joined the cluster; removed, its leave guard drained it and deleted its Node.
     assert name in facts["store_after_add"].get("nodes", {}), sorted(facts["store_after_add"].get("nodes", {}))
@@ -827,6 +847,7 @@ def test_the_vip_moves_when_its_balancer_is_powered_off_and_one_holds_it_after_p
     assert len(facts["before"]) == 1 and facts["answered_before"], facts
     assert facts["answered_after_s"] < 15, facts
     assert facts["during"] and facts["during"] != facts["before"], facts
+    assert any(") Entering MASTER STATE" in line for line in facts["taker_log"][-20:]), facts["taker_log"]
     assert len(facts["after"]) == 1 and facts["answered_after_reboot"], facts
     services = facts["services_after_reboot"]
     assert services["haproxy"].startswith("[0]") and services["keepalived"].startswith("[0]"), facts

@@ -17,6 +17,9 @@ stage() {
     "$@" || echo "labs-k8s-box: $1 exited $?"
 }
 hostname "$(cat /etc/hostname)"
+# journald's /dev/log: the box's syslog reader (syslogd.py) keeps what daemons log (HAProxy's
+# session lines, Keepalived, sshd) in /var/log/labs-k8s-box-syslog.log.
+/usr/bin/python3 /usr/local/lib/labs-k8s-box/syslogd </dev/null &
 ip link set lo up
 # systemd-sysctl.service: /etc/sysctl.d, early (the balancer's ip_nonlocal_bind lives there).
 stage sysctl --quiet --system
