@@ -54,9 +54,19 @@ script can be killed half-way and its guard judged on what kubeadm really leaves
   and removes bootstrap-kubelet.conf whether the wait succeeds or fails (`defer os.Remove`), so a
   kubelet that restarts after a failed wait, before it has a certificate, never bootstraps again.
 
+The kubectl the failure drills run (components/tools/drills/cluster.py `KubectlCluster`) is
+modelled whole: `--server` overriding the kubeconfig's server, `get --raw` of /readyz, Nodes and
+pods (the API's JSON, its NotFound as kubectl prints it), `apply -f` (a file or stdin, JSON or
+YAML: Flannel's manifest brings the pod network, a Deployment goes to the workloads model),
+`delete deployment`, `cordon`/`drain`/`uncordon`, and `exec` into an etcd pod, through the pod's
+kubelet, running etcdctl with its v3.5/v3.6 JSON output. The controllers behind them (node
+lifecycle, taint eviction, Deployment/ReplicaSet, garbage collection, scheduler, the kubelets'
+pod starts) run when asked, on the store's clock: see the workloads section.
+
 Tests tell the model to die after a phase (`die` in the state), to let time pass (`now`), to
-take a host down, or which balancers hold the VIP. Certificates are real (openssl), so the CA
-hash and certificate expiry are computed by the scripts as on a node.
+take a host down, or which balancers hold the VIP; `node_grace_s` is the node monitor grace period
+(0 unless a test sets it: a Node whose kubelet stops posting is NotReady at once). Certificates
+are real (openssl), so the CA hash and certificate expiry are computed by the scripts as on a node.
 """
 
 from __future__ import annotations
@@ -181,6 +191,13 @@ def empty_state() -> dict[str, Any]:
         "die": {},  # host -> {"init"|"join"|"reset": phase}
         "cni": False,
         "status_override": None,  # canned `endpoint status` JSON for leader/term edge cases
+        # The workloads' pods (the Deployment controller's): "namespace/name" -> the model's facts
+        # of one pod (see the workloads section); the static pods' mirror pods are `Cluster.pods`.
+        "pods": {},
+        # kube-controller-manager --node-monitor-grace-period: how long a Node whose kubelet stopped
+        # posting status stays Ready. 0 here (NotReady at once, what the install scenarios assume);
+        # the drill scenarios set the real 50 s, the lab in a box always has it (box_cluster.NODE_GRACE_S).
+        "node_grace_s": 0.0,
     }
 
 
@@ -197,6 +214,7 @@ class Cluster:
             self.s = json.loads(self.path.read_text()) if self.path.exists() else empty_state()
             self.collect_garbage()
             self.background()
+            self.run_controllers()
             try:
                 yield self
             finally:
@@ -209,15 +227,22 @@ class Cluster:
         os.replace(temporary, self.path)
 
     def background(self) -> None:
-        """What happens in the cluster between two commands: here the kubelets' TLS bootstraps (the
-        lab in a box's kubelets are daemons of their own and do it themselves)."""
+        """What happens in the cluster between two commands: here the kubelets' TLS bootstraps and
+        their node status reports (the lab in a box's kubelets are daemons of their own and do both
+        themselves). The controllers run after it (`run_controllers`)."""
         self.bootstrap_kubelets()
+        self.post_node_status()
 
     def wait(self, condition: Callable[[], bool], seconds: float) -> bool:
         """Where the real tool waits (up to `seconds`) for something another process does: here the
         model's state is all there is, so the answer is the condition's now (the lab in a box's
         cluster polls, letting the others work meanwhile)."""
         return condition()
+
+    def elapse(self, seconds: float) -> None:
+        """Where the real tool spends `seconds` on something that does not answer (etcdctl's
+        --command-timeout on a dead member): the model's clock moves only when a test moves it; the
+        lab in a box's cluster sleeps, the store unlocked meanwhile."""
 
     # -------------------------------------------------------------- time and garbage collection
     @property
@@ -419,17 +444,67 @@ class Cluster:
                 )
         return items
 
-    def node_ready(self, name: str) -> bool:
-        """A kubelet that cannot start, or has no client certificate, posts no status: NotReady."""
+    def kubelet_posting(self, name: str) -> bool:
+        """The node's kubelet runs and posts its status: its host is up, the kubelet neither stopped nor
+        crash-looping, and it has a client certificate (a kubelet without one posts nothing)."""
         host = self.s["hosts"].get(name)
         return bool(
             host
             and host["up"]
             and host["kubelet"]
             and not host.get("kubelet_crashloop")
-            and self.s["cni"]
             and self.kubelet_has_client_cert(name)
         )
+
+    def post_node_status(self) -> None:
+        """Each registered Node's kubelet posts its status (nodeStatusUpdateFrequency, 10 s: between
+        two commands, in the model): `heartbeat` is the last report, `posting_since` the first of the
+        current run of reports (a kubelet back after a stop starts a new one)."""
+        for name, node in self.s["nodes"].items():
+            posting = self.kubelet_posting(name)
+            if posting and not node.get("posting"):
+                node["posting_since"] = self.now
+            if posting:
+                node["heartbeat"] = self.now
+            node["posting"] = posting
+
+    def node_grace(self) -> float:
+        return float(self.s.get("node_grace_s", 0.0))
+
+    def node_status(self, name: str) -> str:
+        """The Node's Ready condition: "True"; "False" when its kubelet reports it not ready (no CNI
+        yet: NetworkReady=false); "Unknown" once its kubelet has not posted for the node monitor
+        grace period (pkg/controller/nodelifecycle tryUpdateNodeHealth: "Kubelet stopped posting
+        node status")."""
+        node = self.s["nodes"].get(name) or {}
+        beat = node.get("heartbeat")
+        if not (self.kubelet_posting(name) or (beat is not None and self.now - float(beat) < self.node_grace())):
+            return "Unknown"
+        return "True" if self.s["cni"] else "False"
+
+    def node_ready(self, name: str) -> bool:
+        """A kubelet that cannot start, or has no client certificate, posts no status: NotReady."""
+        return self.node_status(name) == "True"
+
+    def kube_clock(self) -> float:
+        """The clock of the kubelets' reports and of the controllers (the lab in a box's is real time)."""
+        return self.now
+
+    def run_controllers(self) -> None:
+        """The node lifecycle, taint eviction, Deployment/ReplicaSet and garbage collection
+        controllers, the scheduler and the kubelets' pod starts, replayed up to now (the workloads
+        section). They run whenever a command reads the store under its lock."""
+        run_controllers(self)
+
+    def kubelet_answers(self, name: str, timeout: float) -> bool:
+        """The API server reaches the node's kubelet (port 10250: exec, logs): its host is up and the
+        kubelet runs."""
+        host = self.s["hosts"].get(name)
+        return bool(host and host["up"] and host["kubelet"] and not host.get("kubelet_crashloop"))
+
+    def all_pods(self) -> list[dict[str, Any]]:
+        """Every pod the API lists: the static pods' mirror pods and the workloads' pods."""
+        return [*self.pods(), *(pod_view(self, p) for _, p in sorted(self.s.get("pods", {}).items()))]
 
     def node_info(self, name: str) -> dict[str, str]:
         """.status.nodeInfo: the model's kubelets run the version its kubeadm lists images for
@@ -789,9 +864,13 @@ class Kubeadm:
             if "--skip-certificate-key-print" not in self.args:
                 print(f"[upload-certs] Using certificate key:\n{key}")
         elif phase == "mark-control-plane":
-            self.c.s["nodes"].setdefault(self.host, {"labels": {}})["labels"][
-                "node-role.kubernetes.io/control-plane"
-            ] = ""
+            # phases/markcontrolplane: the label and the taint (kubeadm's default control-plane taint,
+            # constants.ControlPlaneTaint), which keeps ordinary pods off control planes.
+            node = self.c.s["nodes"].setdefault(self.host, {"labels": {}})
+            node["labels"]["node-role.kubernetes.io/control-plane"] = ""
+            taints = node.setdefault("taints", [])
+            if not any(t["key"] == CONTROL_PLANE_TAINT for t in taints):
+                taints.append({"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"})
         elif phase == "bootstrap-token":
             for token in init.get("bootstrapTokens", []):
                 self.update_or_create_token(token, fail_if_exists=False)
@@ -1337,23 +1416,556 @@ class Kubeadm:
             raise Fail(f"unmodelled: kubeadm {' '.join(self.args)}")
 
 
+# ---------------------------------------------------------------------------------------- workloads
+# What kube-controller-manager, kube-scheduler and the kubelets do with a Deployment's pods, as the
+# failure drills watch them (components/tools/drills). The model's controllers run when asked, on
+# the store's clock (`Cluster.kube_clock`): `run_controllers` runs whenever a stand-in command reads
+# the store under its lock, and replays in time order what the real controllers would have done
+# since it last ran, so what a command observes is the real timeline, not the moment it asked:
+#
+# - the node lifecycle controller (pkg/controller/nodelifecycle/node_lifecycle_controller.go): a
+#   Node whose kubelet stopped posting for the grace period gets Ready=Unknown, the taints
+#   node.kubernetes.io/unreachable:NoSchedule (doNoScheduleTaintingPass, TaintNodesByCondition) and
+#   :NoExecute with its timeAdded (doNoExecuteTaintingPass), and its pods Ready=False at once
+#   (controllerutil.MarkPodsNotReady); a kubelet that reports NotReady gives not-ready instead of
+#   unreachable. Back to Ready, the taints go; nothing moves back. Zone disruption states (no
+#   eviction when most nodes of a zone are down) are not modelled;
+# - the taint eviction controller (pkg/controller/tainteviction/taint_eviction.go processPodOnNode):
+#   a pod on a NoExecute-tainted node is deleted at once unless it tolerates every such taint, else
+#   when the shortest tolerationSeconds of the tolerations used has passed since the taint (or the
+#   pod's binding, if later). The DefaultTolerationSeconds admission plugin gives every pod 300 s
+#   for unreachable and not-ready unless it says otherwise (the drill's say 30 s);
+# - the Deployment and ReplicaSet controllers (pkg/controller/deployment, pkg/controller/replicaset
+#   manageReplicas): one ReplicaSet per pod template, named <deployment>-<pod-template-hash>; pods
+#   <replicaset>-<5 random characters> (utilrand.String over apimachinery's alphanumerics) created
+#   as soon as fewer than `replicas` are active (a pod being deleted is not), the surplus deleted
+#   (unscheduled, then not started, then not ready first: controller.ActivePods). A changed
+#   template replaces every old pod at once: rolling update bounds (maxSurge/maxUnavailable) are
+#   not modelled. A deleted Deployment's pods go with it (the garbage collector, background
+#   propagation); pods bound to a Node that is gone are deleted (pkg/controller/podgc gcOrphaned);
+# - the scheduler (pkg/scheduler): a pod goes to a Node that is Ready, not cordoned, and whose
+#   NoSchedule and NoExecute taints it tolerates (plugins/tainttoleration, nodeunschedulable); among
+#   those, PodTopologySpread's score (whenUnsatisfiable ScheduleAnyway is a preference) picks the
+#   node with the fewest pods of the constraint's selector, ties by name (the real one picks at
+#   random among equal scores);
+# - the kubelet: a pod bound to a node whose kubelet runs starts CONTAINER_START_S later (image
+#   present: sandbox and container) and is Ready one readiness probe period after that (the prober
+#   probes once per periodSeconds from the container's start: pkg/kubelet/prober/worker.go), or at
+#   once without a probe; a deleted pod on a live kubelet is gone at once (nginx exits on SIGTERM
+#   long before terminationGracePeriodSeconds), on a dead one it stays Terminating. A node back
+#   from NotReady restarts its pods' containers (a power-off killed them).
+#
+# Not modelled: resources, affinity, PodDisruptionBudgets (the drain knobs `drain_exit` stand for a
+# blocking one), DaemonSet pods (Flannel's, kube-proxy's: drain --ignore-daemonsets skips them).
+
+CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"  # kubeadm constants.ControlPlaneTaint
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+DEFAULT_TOLERATION_S = 300  # plugin/pkg/admission/defaulttolerationseconds
+CONTAINER_START_S = 1.0  # pod sandbox and container started, the image already on the node
+DEFAULT_PROBE_PERIOD_S = 10.0  # a probe's default periodSeconds
+KUBELET_PORT = 10250  # the kubelet's API (exec, logs), which the API server dials
+ALPHANUMS = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery/pkg/util/rand: no vowels, no 0 1 3
+
+
+def safe_encode(text: str) -> str:
+    """rand.SafeEncodeString: each byte as one of ALPHANUMS (the pod-template-hash's alphabet)."""
+    return "".join(ALPHANUMS[byte % len(ALPHANUMS)] for byte in text.encode())
+
+
+def template_hash(template: dict[str, Any]) -> str:
+    """controller.ComputeHash: FNV-32a of the pod template, printed in decimal, SafeEncodeString'd.
+    (The real one hashes the template's deep-print, the model its JSON: one template, one hash.)"""
+    value = 0x811C9DC5
+    for byte in json.dumps(template, sort_keys=True).encode():
+        value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return safe_encode(str(value))
+
+
+def rfc3339(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tolerations that tolerate `taint` (k8s.io/api core/v1 Toleration.ToleratesTaint)."""
+    found = []
+    for tol in tolerations:
+        if tol.get("effect") and tol["effect"] != taint["effect"]:
+            continue
+        if tol.get("key") and tol["key"] != taint["key"]:
+            continue
+        operator = tol.get("operator") or "Equal"
+        if operator == "Exists" or (operator == "Equal" and tol.get("value", "") == taint.get("value", "")):
+            found.append(tol)
+    return found
+
+
+def with_default_tolerations(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod's tolerations after DefaultTolerationSeconds admission."""
+    tolerations = list(spec.get("tolerations") or [])
+    for key in (NOT_READY_TAINT, UNREACHABLE_TAINT):
+        if not tolerates(tolerations, {"key": key, "effect": "NoExecute"}):
+            tolerations.append(
+                {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": DEFAULT_TOLERATION_S}
+            )
+    return tolerations
+
+
+def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector's matchLabels (matchExpressions are not modelled)."""
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def node_taints(c: Cluster, name: str) -> list[dict[str, Any]]:
+    """The Node's taints: its own, the node lifecycle controller's, and unschedulable's for a
+    cordoned node (TaintNodesByCondition)."""
+    node = c.s["nodes"].get(name) or {}
+    taints = [dict(t) for t in node.get("taints") or []]
+    if node.get("unschedulable") and not any(t["key"] == UNSCHEDULABLE_TAINT for t in taints):
+        taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"})
+    return taints
+
+
+def node_condition(c: Cluster, name: str) -> str:
+    """The Ready condition as the node lifecycle controller last set it ("True" before it has seen
+    the node: a Node starts with the kubelet's own report)."""
+    return str((c.s["nodes"].get(name, {}).get("condition") or {}).get("status", "True"))
+
+
+def set_node_condition(c: Cluster, name: str, status: str, t: float) -> None:
+    """The node lifecycle controller sees the Node's Ready condition change to `status` at `t`."""
+    node = c.s["nodes"][name]
+    node["condition"] = {"status": status, "since": t}
+    taints = [x for x in node.get("taints") or [] if x["key"] not in (UNREACHABLE_TAINT, NOT_READY_TAINT)]
+    if status != "True":
+        key = UNREACHABLE_TAINT if status == "Unknown" else NOT_READY_TAINT
+        taints += [{"key": key, "effect": "NoSchedule"}, {"key": key, "effect": "NoExecute", "timeAdded": t}]
+    node["taints"] = taints
+    for key, pod in list(c.s["pods"].items()):
+        if pod["node"] != name:
+            continue
+        if status != "True":
+            pod["ready"] = None  # MarkPodsNotReady
+        elif pod["deleted"] is not None:
+            del c.s["pods"][key]  # the kubelet is back: it kills the container and confirms the deletion
+        elif pod["started"] is not None:
+            # The node was down: its kubelet restarts the pod's containers.
+            pod["restarts"] = int(pod.get("restarts", 0)) + 1
+            pod["ready"] = t + CONTAINER_START_S + probe_period(pod)
+
+
+def node_transitions(c: Cluster, since: float, now: float) -> list[tuple[float, str, str]]:
+    """When each Node's Ready condition changed in (since, now], as the node lifecycle controller
+    saw it: NotReady (Unknown) the grace period after the last status its kubelet posted, Ready
+    again with the first status of its new run of reports (`posting_since`). A Node that went down
+    and came back between two evaluations is not seen (commands come every few seconds in a drill)."""
+    changes = []
+    for name, node in c.s["nodes"].items():
+        status = c.node_status(name)
+        if node.get("condition") is None:
+            set_node_condition(c, name, status, since)
+            continue
+        if node["condition"]["status"] == status:
+            continue
+        if status == "Unknown" and node.get("heartbeat") is not None:
+            at = float(node["heartbeat"]) + c.node_grace()
+        elif status == "True":
+            at = float(node.get("posting_since") or since)
+        else:
+            at = since
+        changes.append((min(max(at, since), now), name, status))
+    return sorted(changes)
+
+
+def probe_period(pod: dict[str, Any]) -> float:
+    """Seconds from a container's start to the pod's Ready: one readiness probe period, none without a probe."""
+    periods = [
+        float((container.get("readinessProbe") or {}).get("periodSeconds", DEFAULT_PROBE_PERIOD_S))
+        for container in pod["spec"].get("containers") or []
+        if container.get("readinessProbe")
+    ]
+    return max(periods, default=0.0)
+
+
+def eviction_time(c: Cluster, pod: dict[str, Any]) -> float | None:
+    """When the taint eviction controller deletes `pod`, given its node's NoExecute taints (None: never)."""
+    if pod["node"] is None or pod["deleted"] is not None:
+        return None
+    due = None
+    tolerations = pod["spec"].get("tolerations") or []
+    for taint in node_taints(c, pod["node"]):
+        if taint["effect"] != "NoExecute":
+            continue
+        start = max(float(taint.get("timeAdded", pod["bound"])), float(pod["bound"]))
+        used = tolerates(tolerations, taint)
+        if not used:
+            return start
+        seconds = [float(t["tolerationSeconds"]) for t in used if t.get("tolerationSeconds") is not None]
+        if len(seconds) < len(used):
+            continue  # a toleration without tolerationSeconds: tolerated for ever
+        at = start + max(0.0, min(seconds))
+        due = at if due is None else min(due, at)
+    return due
+
+
+def schedulable(c: Cluster, name: str, pod: dict[str, Any]) -> bool:
+    """The scheduler's filters: NodeUnschedulable, TaintToleration (NoSchedule and NoExecute), and a
+    Ready Node (its not-ready/unreachable NoSchedule taints say so)."""
+    tolerations = pod["spec"].get("tolerations") or []
+    if node_condition(c, name) != "True":
+        return False
+    return all(
+        tolerates(tolerations, taint)
+        for taint in node_taints(c, name)
+        if taint["effect"] in ("NoSchedule", "NoExecute")
+    )
+
+
+def schedule(c: Cluster, t: float) -> None:
+    """Bind each pending pod, oldest first (the scheduling queue), to the best feasible Node."""
+    pending = sorted(
+        (p for p in c.s["pods"].values() if p["node"] is None and p["deleted"] is None), key=lambda p: p["created"]
+    )
+    for pod in pending:
+        feasible = [n for n in sorted(c.s["nodes"]) if schedulable(c, n, pod)]
+        if not feasible:
+            pod["unschedulable"] = f"0/{len(c.s['nodes'])} nodes are available"
+            continue
+        constraints = pod["spec"].get("topologySpreadConstraints") or [{}]
+        selector = constraints[0].get("labelSelector") or {"matchLabels": pod["labels"]}
+
+        def skew(node: str, selector: dict[str, Any] = selector) -> int:
+            return sum(
+                1
+                for other in c.s["pods"].values()
+                if other["node"] == node and other["deleted"] is None and selector_matches(selector, other["labels"])
+            )
+
+        pod["node"] = min(feasible, key=lambda n: (skew(n), n))
+        pod["bound"] = t
+        pod.pop("unschedulable", None)
+
+
+def new_pod(c: Cluster, deployment: str, manifest: dict[str, Any], replicaset: str, t: float) -> None:
+    template = manifest["spec"]["template"]
+    labels = {**(template.get("metadata", {}).get("labels") or {}), "pod-template-hash": replicaset.rsplit("-", 1)[1]}
+    namespace = deployment.split("/")[1]
+    while True:
+        name = f"{replicaset}-{''.join(secrets.choice(ALPHANUMS) for _ in range(5))}"
+        if f"{namespace}/{name}" not in c.s["pods"]:
+            break
+    spec = json.loads(json.dumps(template.get("spec") or {}))
+    spec["tolerations"] = with_default_tolerations(spec)
+    c.s["pods"][f"{namespace}/{name}"] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": secrets.token_hex(16),
+        "deployment": deployment,
+        "replicaset": replicaset,
+        "labels": labels,
+        "spec": spec,
+        "created": t,
+        "node": None,
+        "bound": None,
+        "started": None,
+        "ready": None,
+        "restarts": 0,
+        "deleted": None,
+    }
+
+
+def active_rank(pod: dict[str, Any], now: float) -> tuple[int, int, int, float]:
+    """controller.ActivePods' order, the first deleted first: unscheduled, not started, not ready, newest."""
+    started = pod["started"] is not None and pod["started"] <= now
+    ready = pod["ready"] is not None and pod["ready"] <= now
+    return (pod["node"] is not None, started, ready, -float(pod["created"]))
+
+
+def manage_replicas(c: Cluster, t: float) -> None:
+    """The Deployment and ReplicaSet controllers, and the garbage collector for a deleted Deployment."""
+    deployments = {k: v for k, v in c.s["objects"].items() if k.startswith("deployment/") and v.get("manifest")}
+    for pod in c.s["pods"].values():
+        if pod["deleted"] is None and pod["deployment"] not in deployments:
+            pod["deleted"] = t
+    for key, deployment in sorted(deployments.items()):
+        manifest = deployment["manifest"]
+        replicaset = f"{key.split('/')[2]}-{template_hash(manifest['spec']['template'])}"
+        owned = [p for p in c.s["pods"].values() if p["deployment"] == key and p["deleted"] is None]
+        for pod in owned:
+            if pod["replicaset"] != replicaset:
+                pod["deleted"] = t
+        active = sorted((p for p in owned if p["replicaset"] == replicaset), key=lambda p: active_rank(p, t))
+        wanted = int(manifest["spec"].get("replicas", 1))
+        for pod in active[: max(0, len(active) - wanted)]:
+            pod["deleted"] = t
+        for _ in range(wanted - len(active)):
+            new_pod(c, key, manifest, replicaset, t)
+
+
+def reconcile(c: Cluster, t: float) -> None:
+    """Every controller once, at `t`."""
+    for key, pod in list(c.s["pods"].items()):
+        if pod["node"] is not None and pod["node"] not in c.s["nodes"]:
+            del c.s["pods"][key]  # PodGC: its Node is gone
+            continue
+        due = eviction_time(c, pod)
+        if due is not None and due <= t:
+            pod["deleted"] = due
+        if pod["deleted"] is not None and (
+            pod["node"] is None or (node_condition(c, pod["node"]) == "True" and c.kubelet_posting(pod["node"]))
+        ):
+            del c.s["pods"][key]  # terminated by a live kubelet, or never scheduled
+    manage_replicas(c, t)
+    schedule(c, t)
+
+
+def run_controllers(c: Cluster) -> None:
+    """Replay the controllers from their last run to now (the section's comment)."""
+    now = c.kube_clock()
+    state = c.s.setdefault("controllers", {})
+    c.s.setdefault("pods", {})
+    t = min(float(state.get("at", now)), now)
+    changes = node_transitions(c, t, now)
+    while True:
+        reconcile(c, t)
+        evictions = [e for e in (eviction_time(c, p) for p in c.s["pods"].values()) if e is not None]
+        upcoming = [at for at in [*(ch[0] for ch in changes), *evictions] if at > t]
+        due = [ch for ch in changes if ch[0] <= t]
+        if due:
+            for at, name, status in due:
+                if name in c.s["nodes"]:
+                    set_node_condition(c, name, status, at)
+            changes = [ch for ch in changes if ch[0] > t]
+            continue
+        if not upcoming or min(upcoming) > now:
+            break
+        t = min(upcoming)
+    # The kubelets start what was bound to them, once they run.
+    for pod in c.s["pods"].values():
+        if pod["node"] is None or pod["deleted"] is not None or pod["started"] is not None:
+            continue
+        if node_condition(c, pod["node"]) == "True" and c.kubelet_posting(pod["node"]):
+            back = float(c.s["nodes"][pod["node"]].get("posting_since") or pod["bound"])
+            started = max(float(pod["bound"]), back) + CONTAINER_START_S
+            pod["started"], pod["ready"] = started, started + probe_period(pod)
+    state["at"] = now
+
+
+# What the API returns for these objects.
+
+
+def node_view(c: Cluster, name: str) -> dict[str, Any]:
+    """The v1 Node as the API returns it (what the scripts and the drills read of it)."""
+    node = c.s["nodes"][name]
+    status = c.node_status(name)
+    condition: dict[str, Any] = {"type": "Ready", "status": status}
+    since = (node.get("condition") or {}).get("since")
+    if since is not None:
+        condition["lastTransitionTime"] = rfc3339(float(since))
+    if node.get("heartbeat") is not None:
+        condition["lastHeartbeatTime"] = rfc3339(float(node["heartbeat"]))
+    condition.update(
+        {
+            "True": {"reason": "KubeletReady", "message": "kubelet is posting ready status"},
+            "False": {
+                "reason": "KubeletNotReady",
+                "message": "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady "
+                "message:Network plugin returns error: cni plugin not initialized",
+            },
+            "Unknown": {"reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status."},
+        }[status]
+    )
+    spec: dict[str, Any] = {}
+    taints = [
+        {k: (rfc3339(float(v)) if k == "timeAdded" else v) for k, v in taint.items()} for taint in node_taints(c, name)
+    ]
+    if taints:
+        spec["taints"] = taints
+    if node.get("unschedulable"):
+        spec["unschedulable"] = True
+    ip = (c.s["hosts"].get(name) or {}).get("ip")
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(node.get("labels") or {})},
+            "annotations": node.get("annotations", {}),
+        },
+        "spec": spec,
+        "status": {
+            "conditions": [condition],
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}]
+            if ip
+            else [{"type": "Hostname", "address": name}],
+            "nodeInfo": c.node_info(name),
+        },
+    }
+
+
+def pod_view(c: Cluster, pod: dict[str, Any]) -> dict[str, Any]:
+    """A workload pod as the API returns it."""
+    now = c.kube_clock()
+    started = pod["started"] is not None and pod["started"] <= now
+    ready = pod["ready"] is not None and pod["ready"] <= now
+    metadata: dict[str, Any] = {
+        "name": pod["name"],
+        "generateName": pod["replicaset"] + "-",
+        "namespace": pod["namespace"],
+        "uid": pod["uid"],
+        "labels": pod["labels"],
+        "creationTimestamp": rfc3339(pod["created"]),
+        "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": pod["replicaset"], "controller": True,
+             "blockOwnerDeletion": True}
+        ],
+    }  # fmt: skip
+    if pod["deleted"] is not None:
+        metadata["deletionTimestamp"] = rfc3339(pod["deleted"])
+        metadata["deletionGracePeriodSeconds"] = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+    spec = {**pod["spec"], "schedulerName": "default-scheduler"}
+    conditions: list[dict[str, Any]] = []
+    status: dict[str, Any] = {
+        "phase": "Running" if started else "Pending",
+        "conditions": conditions,
+        "qosClass": "Burstable",
+    }
+    if pod["node"] is None:
+        conditions.append(
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": pod.get("unschedulable", ""),
+            }
+        )
+        return {"metadata": metadata, "spec": spec, "status": status}
+    spec["nodeName"] = pod["node"]
+    flag_ = "True" if ready else "False"
+    conditions += [
+        {"type": "PodReadyToStartContainers", "status": "True" if started else "False"},
+        {"type": "Initialized", "status": "True"},
+        {"type": "Ready", "status": flag_},
+        {"type": "ContainersReady", "status": flag_},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc3339(pod["bound"])},
+    ]
+    host_ip = (c.s["hosts"].get(pod["node"]) or {}).get("ip")
+    if host_ip:
+        status["hostIP"] = host_ip
+    if started:
+        status["startTime"] = rfc3339(pod["started"] - CONTAINER_START_S)
+        status["containerStatuses"] = [
+            {"name": ct["name"], "image": ct.get("image", ""), "ready": ready, "started": True,
+             "restartCount": int(pod.get("restarts", 0)), "state": {"running": {"startedAt": rfc3339(pod["started"])}}}
+            for ct in pod["spec"].get("containers") or []
+        ]  # fmt: skip
+    return {"metadata": metadata, "spec": spec, "status": status}
+
+
+def deployment_status(c: Cluster, key: str) -> dict[str, Any]:
+    manifest = c.s["objects"][key]["manifest"]
+    now = c.kube_clock()
+    pods = [p for p in c.s["pods"].values() if p["deployment"] == key and p["deleted"] is None]
+    ready = [p for p in pods if p["ready"] is not None and p["ready"] <= now]
+    wanted = int(manifest["spec"].get("replicas", 1))
+    available = "True" if len(ready) >= wanted else "False"
+    return {
+        "observedGeneration": int(c.s["objects"][key].get("generation", 1)),
+        "replicas": len(pods),
+        "updatedReplicas": len(pods),
+        "readyReplicas": len(ready),
+        "availableReplicas": len(ready),
+        "conditions": [{"type": "Available", "status": available}],
+    }
+
+
 # ---------------------------------------------------------------------------------------- etcdctl
 
 
+ETCD_CLUSTER_ID = 17237436991929493444
+
+
+def go_duration(seconds: float) -> str:
+    """Go's time.Duration.String() ("9.412ms", "5.000873s", "2m0s")."""
+    if seconds < 1:
+        return f"{seconds * 1000:.6f}".rstrip("0").rstrip(".") + "ms"
+    hours, rest = divmod(seconds, 3600)
+    minutes, rest = divmod(rest, 60)
+    text = f"{rest:.9f}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{int(hours)}h{int(minutes)}m{text}"
+    return f"{int(minutes)}m{text}" if minutes else text
+
+
+def go_json(value: Any) -> str:
+    """encoding/json.Marshal's layout: no spaces."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def etcd_raft(c: Cluster) -> tuple[int, int]:
+    """The leader's member ID and the raft term. A leader keeps the lead while it runs; when it is
+    lost and a quorum of voting members runs, one of them wins an election in a new term (the old
+    leader, back, is a follower); without a quorum there is no leader (0)."""
+    raft = c.s.setdefault("etcd_raft", {"leader": 0, "term": 1})
+    running = [m for m in c.voting() if c.running_member(m)]
+    if raft["leader"] not in {m["id"] for m in running}:
+        if running and len(running) >= len(c.voting()) // 2 + 1:
+            raft["leader"] = min(m["id"] for m in running)
+            raft["term"] += 1
+        else:
+            raft["leader"] = 0
+    return int(raft["leader"]), int(raft["term"])
+
+
+def etcd_version(c: Cluster) -> str:
+    """The etcd release kubeadm deploys for the cluster's version (3.6.6 for 1.34+, 3.5.x before)."""
+    stored = (c.get("configmap/kube-system/kubeadm-config") or {}).get("version") or KUBELET_VERSION
+    return etcd_image_tag(str(stored)).split("-")[0]
+
+
 def etcdctl(cluster: Cluster, on_host: str, args: list[str]) -> None:
-    """etcdctl run inside the etcd container of `on_host` (kubectl exec or crictl exec)."""
+    """etcdctl (v3.5/v3.6, etcdctl/ctlv3/command) run inside the etcd container of `on_host` (kubectl
+    exec or crictl exec), against that member's client URL. `-w json` prints what printer_json.go
+    prints: encoding/json of the gRPC responses (MemberListResponse; []epHealth; []epStatus of
+    StatusResponse), 64-bit IDs as JSON integers (no --hex), omitempty fields left out. With
+    --cluster the endpoints are the members' client URLs (endpointsFromCluster): a member that does
+    not answer costs --command-timeout and is reported as etcdctl reports it (ep_command.go): health
+    lists it with health false and exits 1 ("Error: unhealthy cluster"), status leaves it out, says
+    "Failed to get the status of endpoint" on stderr and exits 1."""
     c = cluster
     if not c.etcd_running(on_host):
         raise Fail(f'error: unable to upgrade connection: container not found ("etcd" on {on_host})')
     words = [a for a in args if not a.startswith("--")]
     if not c.etcd_quorum():
         raise Fail("Error: context deadline exceeded")
-    if words[:2] == ["member", "list"]:
-        if flag(args, "-w") == "json" or flag(args, "--write-out") == "json":
-            raise Fail("unmodelled: member list -w json (the scripts read the simple format: hex IDs)")
+    json_out = (flag(args, "-w") or flag(args, "--write-out")) == "json"
+    timeout = parse_duration(flag(args, "--command-timeout") or "5s") or 5.0
+    named = [m for m in c.s["members"] if m["name"]]  # started members: the ones with client URLs
+
+    def client_url(member: dict[str, Any]) -> str:
+        return str(member["peer"]).replace(":2380", ":2379")
+
+    if words[:2] == ["member", "list"] and json_out:
+        leader_term = etcd_raft(c)[1]
+        own = c.member_of(on_host) or {}
+        members = []
+        for m in c.s["members"]:
+            entry: dict[str, Any] = {"ID": m["id"]}
+            if m["name"]:
+                entry["name"] = m["name"]
+            entry["peerURLs"] = [m["peer"]]
+            if m["name"]:
+                entry["clientURLs"] = [client_url(m)]
+            if m["learner"]:
+                entry["isLearner"] = True
+            members.append(entry)
+        header = {"cluster_id": ETCD_CLUSTER_ID, "member_id": own.get("id", 0), "raft_term": leader_term}
+        print(go_json({"header": header, "members": members}))
+    elif words[:2] == ["member", "list"]:
         # etcdctl printer_simple.go MemberList: ID, status, name, peer URLs, client URLs, is learner.
         for m in c.s["members"]:
-            client = m["peer"].replace(":2380", ":2379") if m["name"] else ""
+            client = client_url(m) if m["name"] else ""
             status = "started" if m["name"] else "unstarted"
             print(f"{m['id']:x}, {status}, {m['name']}, {m['peer']}, {client}, {str(m['learner']).lower()}")
     elif words[:2] == ["member", "remove"]:
@@ -1372,26 +1984,36 @@ def etcdctl(cluster: Cluster, on_host: str, args: list[str]) -> None:
         if c.s.get("status_override"):
             print(c.s["status_override"])
             return
-        running = [m for m in c.s["members"] if c.running_member(m)]
-        leader = min(m["id"] for m in running if not m["learner"])
-        print(
-            json.dumps(
-                [
-                    {
-                        "Endpoint": m["peer"].replace(":2380", ":2379"),
-                        "Status": {
-                            "header": {"cluster_id": 17237436991929493444, "member_id": m["id"], "raft_term": 4},
-                            "leader": leader,
-                            "raftTerm": 4,
-                            "isLearner": m["learner"],
-                        },
-                    }
-                    for m in running
-                ]
-            )
-        )
-        if len(running) < len(c.s["members"]):
-            raise Fail("Failed to get the status of endpoint(s): context deadline exceeded")
+        leader, term = etcd_raft(c)
+        version = etcd_version(c)
+        statuses, failed = [], []
+        for m in named:
+            if not c.running_member(m):
+                failed.append(client_url(m))
+                continue
+            answer: dict[str, Any] = {
+                "header": {"cluster_id": ETCD_CLUSTER_ID, "member_id": m["id"], "revision": 4821, "raft_term": term},
+                "version": version,
+                "dbSize": 5644288,
+                "leader": leader,
+                "raftIndex": 6310 + term,
+                "raftTerm": term,
+                "raftAppliedIndex": 6310 + term,
+                "dbSizeInUse": 2752512,
+            }
+            if m["learner"]:
+                answer["isLearner"] = True
+            if not version.startswith("3.5"):
+                answer.update(storageVersion="3.6.0", dbSizeQuota=2147483648)
+            statuses.append({"Endpoint": client_url(m), "Status": answer})
+        for _ in failed:
+            c.elapse(timeout)  # one endpoint after the other
+        if not json_out:
+            raise Fail("unmodelled: endpoint status without -w json")
+        print(go_json(statuses))
+        if failed:
+            lines = [f"Failed to get the status of endpoint {ep} (context deadline exceeded)" for ep in failed]
+            raise Fail("\n".join(lines))
     elif words[:2] == ["snapshot", "save"]:
         # client/v3/snapshot/v3_snapshot.go SaveWithVersion: exactly one endpoint; <path>.part,
         # renamed once the whole snapshot and its trailing sha256 are in (hasChecksum: 32 bytes past
@@ -1407,12 +2029,17 @@ def etcdctl(cluster: Cluster, on_host: str, args: list[str]) -> None:
         part.rename(target)
         print(f"Snapshot saved at {words[2]}")
     elif words[:2] == ["endpoint", "health"]:
-        health = [
-            {"endpoint": m["peer"].replace(":2380", ":2379"), "health": c.running_member(m), "took": "9ms"}
-            for m in c.s["members"]
-            if m["name"]
-        ]
-        print(json.dumps(health))
+        health = []
+        for m in named:
+            ok = c.running_member(m)
+            checked: dict[str, Any] = {"endpoint": client_url(m), "health": ok}
+            checked["took"] = go_duration(0.009412 if ok else timeout + 0.000873)
+            if not ok:
+                checked["error"] = "context deadline exceeded"
+            health.append(checked)
+        if not all(h["health"] for h in health):
+            c.elapse(timeout)  # the endpoints are checked in parallel: one timeout
+        print(go_json(health))
         if not all(h["health"] for h in health):
             raise Fail("Error: unhealthy cluster")
     else:
@@ -1457,11 +2084,189 @@ def wait_out_blocked_evictions(c: Cluster, node: str, timeout: float) -> None:
         )
 
 
+# kubectl's flags that take a value: the value is not a positional word.
+KUBECTL_VALUE_FLAGS = (
+    "-n", "--namespace", "--kubeconfig", "-o", "--output", "-c", "--container", "-l", "--selector",
+    "--request-timeout", "--timeout", "--grace-period", "--from-literal", "-f", "--filename", "--server", "-s",
+    "--raw", "--field-selector",
+)  # fmt: skip
+KUBECTL_KINDS = {
+    "nodes": "node", "no": "node", "pods": "pod", "po": "pod", "configmaps": "configmap", "cm": "configmap",
+    "deployments": "deployment", "deploy": "deployment", "deployment.apps": "deployment",
+    "daemonsets": "daemonset", "ds": "daemonset", "daemonset.apps": "daemonset",
+}  # fmt: skip
+HEALTH_PATHS = ("/readyz", "/livez", "/healthz")
+
+
+def parse_selector(text: str) -> Callable[[dict[str, str]], bool]:
+    """An equality-based label selector (k8s.io/apimachinery/pkg/labels Parse): a=b, a==b, a!=b,
+    a, !a, comma-separated (set-based ones are not modelled)."""
+    wanted: list[tuple[str, str, str]] = []  # (key, operator, value)
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "!=" in part:
+            key, value = part.split("!=", 1)
+            wanted.append((key, "!=", value))
+        elif "=" in part:
+            key, value = part.replace("==", "=").split("=", 1)
+            wanted.append((key, "=", value))
+        elif part.startswith("!"):
+            wanted.append((part[1:], "!", ""))
+        else:
+            wanted.append((part, "exists", ""))
+
+    def matches(labels: dict[str, str]) -> bool:
+        for key, operator, value in wanted:
+            if operator == "=" and labels.get(key) != value:
+                return False
+            if operator == "!=" and labels.get(key) == value:
+                return False
+            if operator == "!" and key in labels:
+                return False
+            if operator == "exists" and key not in labels:
+                return False
+        return True
+
+    return matches
+
+
+def select_pods(c: Cluster, namespace: str | None, labels: str | None, fields: str | None) -> list[dict[str, Any]]:
+    """The pods of `namespace` (None: every namespace) matching a label and a field selector
+    (spec.nodeName=NODE is the one field selector modelled)."""
+    items = [p for p in c.all_pods() if namespace is None or p["metadata"].get("namespace") == namespace]
+    if labels:
+        matches = parse_selector(labels)
+        items = [p for p in items if matches(p["metadata"].get("labels") or {})]
+    if fields:
+        key, _, value = fields.partition("=")
+        if key != "spec.nodeName":
+            raise Fail(f"Error from server (BadRequest): field label not supported: {key}")
+        items = [p for p in items if p["spec"].get("nodeName") == value]
+    return items
+
+
+def raw_get(c: Cluster, uri: str) -> str:
+    """`kubectl get --raw URI`: the API's JSON for the paths the drills read (nodes, pods), "ok" for
+    the health endpoints; an API error as kubectl prints it (exit 1)."""
+    import urllib.parse
+
+    path, _, query = uri.partition("?")
+    params = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
+    if path in HEALTH_PATHS:
+        return "ok"
+    parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/")]
+    if parts[:2] == ["api", "v1"]:
+        rest = parts[2:]
+        if rest == ["nodes"]:
+            items = [node_view(c, n) for n in sorted(c.s["nodes"])]
+            return go_json({"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": items})
+        if len(rest) == 2 and rest[0] == "nodes":
+            if rest[1] not in c.s["nodes"]:
+                raise Fail(f'Error from server (NotFound): nodes "{rest[1]}" not found')
+            return go_json(node_view(c, rest[1]))
+        namespace = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        if rest[:1] == ["pods"] and len(rest) <= 2:
+            items = select_pods(c, namespace, params.get("labelSelector"), params.get("fieldSelector"))
+            if len(rest) == 2:
+                found = [p for p in items if p["metadata"]["name"] == rest[1]]
+                if not found:
+                    raise Fail(f'Error from server (NotFound): pods "{rest[1]}" not found')
+                return go_json({"kind": "Pod", "apiVersion": "v1", **found[0]})
+            return go_json({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+    raise Fail("Error from server (NotFound): the server could not find the requested resource")
+
+
+def read_manifests(args: list[str]) -> list[dict[str, Any]]:
+    """The objects of `apply -f FILE` or `-f -` (stdin): JSON, or YAML documents; a List's items."""
+    source = flag(args, "-f") or flag(args, "--filename")
+    if source is None:
+        raise Fail("error: must specify one of -f and -k")
+    if source == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(source).read_text()
+        except OSError:
+            raise Fail(f'error: the path "{source}" does not exist') from None
+    try:
+        documents = [json.loads(text)]
+    except ValueError:
+        import yaml
+
+        try:
+            documents = [d for d in yaml.safe_load_all(text) if d]
+        except yaml.YAMLError as error:
+            raise Fail(f"error: error parsing {source}: {error}") from None
+    objects: list[dict[str, Any]] = []
+    for document in documents:
+        objects += document.get("items") or [] if document.get("kind") == "List" else [document]
+    if not objects:
+        raise Fail("error: no objects passed to apply")
+    return objects
+
+
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "Node", "PersistentVolume", "StorageClass"}
+
+
+def apply(c: Cluster, args: list[str], namespace: str) -> None:
+    """`kubectl apply -f`: create or update each object, printing `<resource>/<name> created |
+    configured | unchanged` as kubectl does. A Deployment is the workloads model's (its controllers
+    take it from there); Flannel's DaemonSet brings the pod network (the nodes' CNI), the rest is
+    kept as it is."""
+    for obj in read_manifests(args):
+        kind = str(obj.get("kind", ""))
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if not kind or not name:
+            raise Fail("error: error validating data: kind or metadata.name not set")
+        group = str(obj.get("apiVersion", "v1")).rpartition("/")[0]
+        resource = kind.lower() + (f".{group}" if group else "")
+        ns = None if kind in CLUSTER_SCOPED else str(obj["metadata"].get("namespace") or namespace)
+        key = f"{kind.lower()}/{ns}/{name}" if ns else f"{kind.lower()}/{name}"
+        old = c.s["objects"].get(key)
+        if old is not None and old.get("manifest") == obj:
+            print(f"{resource}/{name} unchanged")
+            continue
+        generation = int((old or {}).get("generation", 0)) + 1
+        c.s["objects"][key] = {**(old or {}), "manifest": obj, "generation": generation}
+        if kind == "DaemonSet" and name == "kube-flannel-ds":
+            c.s["cni"] = True  # flannel's pods write the CNI config on every node: NetworkReady
+        print(f"{resource}/{name} {'configured' if old is not None else 'created'}")
+    c.run_controllers()
+
+
+def drain(c: Cluster, name: str, timeout_s: float) -> None:
+    """kubectl drain's evictions (k8s.io/kubectl/pkg/drain): every pod on the node but mirror and
+    DaemonSet pods is evicted, then drain waits for each to be gone, up to --timeout; a node whose
+    kubelet is dead never confirms and the drain times out."""
+    now = c.kube_clock()
+    # Pods already terminating are evicted (and waited for) again (drain.go skipDeletedFilter skips
+    # them only with --skip-wait-for-delete-timeout).
+    evicted = sorted(k for k, p in c.s["pods"].items() if p["node"] == name)
+    for key in evicted:
+        print(f"evicting pod {key}")
+        if c.s["pods"][key]["deleted"] is None:
+            c.s["pods"][key]["deleted"] = now
+    c.run_controllers()  # the kubelet stops them, the ReplicaSet controller replaces them
+    if not c.wait(lambda: not any(k in c.s["pods"] for k in evicted), timeout_s or 86400.0):
+        left = next(k for k in evicted if k in c.s["pods"])
+        namespace, pod = left.split("/")
+        raise Fail(
+            f'There are pending nodes to be drained:\n {name}\nerror: unable to drain node "{name}" due to error: '
+            f'error when waiting for pod "{pod}" in namespace "{namespace}" to terminate: global timeout reached: '
+            f"{go_duration(timeout_s)}, continuing command..."
+        )
+    for key in evicted:
+        print(f"pod/{key.split('/')[1]} evicted")
+
+
 def kubectl(c: Cluster, local: str, args: list[str]) -> None:
     kubeconfig = flag(args, "--kubeconfig")
     if kubeconfig is None:
         raise Fail("error: this stand-in needs --kubeconfig")
     server = kubeconfig_server(kubeconfig)
+    # --server overrides the kubeconfig's cluster server (clientcmd's ConfigOverrides).
+    server = flag(args, "--server") or flag(args, "-s") or server
     check_client_files(c, local, kubeconfig)
     address = server.split("//")[1].split(":")[0]
     if not c.api_answers(address, local):
@@ -1469,61 +2274,44 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
             f"The connection to the server {server.split('//')[1]} was refused - did you specify the right "
             "host or port?"
         )
+    request_timeout = parse_duration(flag(args, "--request-timeout") or "0") or 30.0
     namespace = flag(args, "-n") or flag(args, "--namespace") or "default"
     if "--" in args:
         words, tail = args[: args.index("--")], args[args.index("--") + 1 :]
     else:
         words, tail = args, []
     words = [
-        w
-        for i, w in enumerate(words)
-        if not w.startswith("-")
-        and not (
-            i > 0
-            and words[i - 1]
-            in (
-                "-n",
-                "--namespace",
-                "--kubeconfig",
-                "-o",
-                "-c",
-                "-l",
-                "--request-timeout",
-                "--timeout",
-                "--grace-period",
-                "--from-literal",
-            )
-        )
+        w for i, w in enumerate(words) if not w.startswith("-") and not (i > 0 and words[i - 1] in KUBECTL_VALUE_FLAGS)
     ]
     output = flag(args, "-o")
     verb = words[0]
-    if verb == "exec":
-        pod = words[1]
-        host = pod.removeprefix("etcd-")
-        if tail[:1] != ["etcdctl"]:
+    if verb == "get" and flag(args, "--raw") is not None:
+        print(raw_get(c, str(flag(args, "--raw"))))
+    elif verb == "exec":
+        pod_name = words[1]
+        pod = next(
+            (p for p in c.all_pods() if p["metadata"]["name"] == pod_name and p["metadata"]["namespace"] == namespace),
+            None,
+        )
+        if pod is None:
+            raise Fail(f'Error from server (NotFound): pods "{pod_name}" not found')
+        node = str(pod["spec"].get("nodeName", ""))
+        # The API server opens the exec stream to the pod's kubelet (apimachinery util/proxy
+        # UpgradeAwareHandler: "error dialing backend"): a dead node's kubelet does not answer.
+        if not c.kubelet_answers(node, request_timeout):
+            ip = (c.s["hosts"].get(node) or {}).get("ip", node)
+            raise Fail(f"Error from server: error dialing backend: dial tcp {ip}:{KUBELET_PORT}: i/o timeout")
+        if tail[:1] != ["etcdctl"] or not pod_name.startswith("etcd-"):
             raise Fail("unmodelled exec")
-        etcdctl(c, host, tail[1:])
+        etcdctl(c, node, tail[1:])
     elif verb == "get":
         kind, name = words[1], (words[2] if len(words) > 2 else None)
-        kind = {"nodes": "node", "pods": "pod", "configmaps": "configmap", "cm": "configmap"}.get(kind, kind)
+        kind = KUBECTL_KINDS.get(kind, kind)
         if kind == "node":
-            items = [
-                {
-                    "metadata": {"name": n, "labels": v.get("labels", {}), "annotations": v.get("annotations", {})},
-                    "spec": {"unschedulable": v.get("unschedulable", False)},
-                    "status": {
-                        "conditions": [{"type": "Ready", "status": "True" if c.node_ready(n) else "False"}],
-                        "nodeInfo": c.node_info(n),
-                    },
-                }
-                for n, v in sorted(c.s["nodes"].items())
-            ]
+            items = [node_view(c, n) for n in sorted(c.s["nodes"])]
         elif kind == "pod":
-            items = c.pods()
-            selector = flag(args, "-l")
-            if selector:
-                key, value = selector.split("=")
-                items = [p for p in items if p["metadata"]["labels"].get(key) == value]
+            every = "-A" in args or "--all-namespaces" in args
+            items = select_pods(c, None if every else namespace, flag(args, "-l"), flag(args, "--field-selector"))
         else:
             ns_part = "" if kind.startswith("cluster") or kind == "node" else f"{namespace}/"
             prefix = f"{kind}/{ns_part}"
@@ -1532,6 +2320,9 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
             ]
             if kind == "deployment":
                 for item in items:
+                    if item.get("manifest"):
+                        item["status"] = deployment_status(c, f"deployment/{namespace}/{item['metadata']['name']}")
+                        continue
                     ready = any(c.node_ready(n) for n in c.s["nodes"])
                     item["status"] = {"conditions": [{"type": "Available", "status": "True" if ready else "False"}]}
         if name is not None:
@@ -1558,7 +2349,9 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
         name = words[1]
         if name not in c.s["nodes"]:
             raise Fail(f'Error from server (NotFound): nodes "{name}" not found')
+        already = bool(c.s["nodes"][name].get("unschedulable"))
         c.s["nodes"][name]["unschedulable"] = True
+        print(f"node/{name} {'already cordoned' if already else 'cordoned'}")
         if verb == "drain" and "--disable-eviction" not in args and name in c.s.get("pdb_blocks", []):
             wait_out_blocked_evictions(c, name, parse_duration(flag(args, "--timeout") or "0s"))
         if verb == "drain":
@@ -1567,13 +2360,15 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
                 raise Fail(
                     "error when evicting pods: Cannot evict pod as it would violate the pod's disruption budget", code
                 )
+            drain(c, name, parse_duration(flag(args, "--timeout") or "0"))
             print(f"node/{name} drained")
     elif verb == "uncordon":
         name = words[1]
         if name not in c.s["nodes"]:
             raise Fail(f'Error from server (NotFound): nodes "{name}" not found')
+        already = not c.s["nodes"][name].get("unschedulable")
         c.s["nodes"][name]["unschedulable"] = False
-        print(f"node/{name} uncordoned")
+        print(f"node/{name} {'already uncordoned' if already else 'uncordoned'}")
     elif verb == "annotate":
         # kubectl annotate: KEY=VALUE sets (an existing key only with --overwrite), KEY- removes.
         kind, name, change = words[1], words[2], words[3]
@@ -1592,14 +2387,21 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
             annotations[key] = value
         print(f"node/{name} annotated")
     elif verb == "delete":
-        kind, name = words[1], words[2]
+        kind, name = KUBECTL_KINDS.get(words[1], words[1]), words[2]
         if kind == "node":
             if c.s["nodes"].pop(name, None) is None and "--ignore-not-found" not in args:
                 raise Fail(f'Error from server (NotFound): nodes "{name}" not found')
         else:
             key = f"{kind}/{namespace}/{name}"
-            if c.s["objects"].pop(key, None) is None and "--ignore-not-found" not in args:
-                raise Fail(f'Error from server (NotFound): {kind}s "{name}" not found')
+            gone = c.s["objects"].pop(key, None)
+            if gone is None and "--ignore-not-found" not in args:
+                resource = f"{kind}s.apps" if kind in ("deployment", "daemonset") else f"{kind}s"
+                raise Fail(f'Error from server (NotFound): {resource} "{name}" not found')
+            if gone is not None and gone.get("manifest") and kind == "deployment":
+                # Background propagation: the Deployment is gone at once (what kubectl waits for),
+                # the garbage collector deletes its ReplicaSet's pods after it.
+                print(f'deployment.apps "{name}" deleted')
+                c.run_controllers()
     elif verb == "create":
         kind, name = words[1], words[2]
         key = f"{kind}/{namespace}/{name}"
@@ -1607,8 +2409,7 @@ def kubectl(c: Cluster, local: str, args: list[str]) -> None:
             raise Fail(f'Error from server (AlreadyExists): {kind}s "{name}" already exists')
         c.put(key)
     elif verb == "apply":
-        c.s["cni"] = True
-        c.put("daemonset/kube-flannel/kube-flannel-ds")
+        apply(c, args, namespace)
     elif verb == "rollout":
         code = c.s.get("rollout_exit", 0)
         if code:

@@ -18,7 +18,13 @@ network. What is shared, and what is not:
   reports health, and an etcd member is healthy only while a quorum of the voting members answers
   on their peer ports; the kubelet bootstraps with a CSR to the API server and reports its Node and
   its static pods there every 10 s (daemons.py); a Node whose reports stop turns NotReady after
-  the node controller's grace period.
+  the node controller's grace period. The controllers behind the drills' workload (node
+  lifecycle and its taints, taint eviction, Deployment/ReplicaSet, the scheduler, the kubelets'
+  pod starts: kube_standin's workloads section) run on real time, whenever a command or a kubelet
+  report reads the store under the lock (`BoxCluster._acquire`), replaying what happened since.
+- kubectl also runs on the CLI's machine, for the drills (tests/box_kubectl.py): there it reads no
+  host's files, only the kubeconfig it is given, makes its request to --server (the VIP), and
+  dials a pod's kubelet (port 10250) for `exec`, as the API server does.
 
 So a host powered off, a balancer killed or an etcd without quorum is seen by the scripts as the
 real tools see it: connection refused or timed out, TLS cut off (HAProxy with no backend up),
@@ -54,6 +60,9 @@ RUN = Path("/run/labs-k8s-standin")
 # kube-controller-manager --node-monitor-grace-period (40 s before 1.32, 50 s since: kubernetes#125477):
 # a Node that has not reported for this long is NotReady.
 NODE_GRACE_S = 50.0
+# A kubelet reports every 10 s (daemons.HEARTBEAT_S): one whose last report is older than this is
+# not running (it starts no pods).
+KUBELET_ALIVE_S = 15.0
 # kubeadm's retry of token discovery (constants.DiscoveryRetryInterval).
 DISCOVERY_RETRY_S = 5.0
 CLUSTER_INFO = "/api/v1/namespaces/kube-public/configmaps/cluster-info"
@@ -160,6 +169,7 @@ class BoxCluster(model.Cluster):
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.s = json.loads(self.path.read_text()) if self.path.exists() else model.empty_state()
         self.collect_garbage()
+        self.run_controllers()
 
     def _release(self) -> None:
         self._lock.close()
@@ -170,8 +180,21 @@ class BoxCluster(model.Cluster):
         """Real time, moved on by a test (`clock_offset`) to let hours pass for the tokens' TTLs."""
         return time.time() + float(self.s.get("clock_offset", 0.0))
 
+    def kube_clock(self) -> float:
+        """The kubelets' reports and the controllers run on real time: a test's `clock_offset` moves
+        the tokens' TTLs, not the nodes' heartbeats."""
+        return time.time()
+
     def background(self) -> None:
-        """The kubelets are daemons of their own (daemons.py)."""
+        """The kubelets are daemons of their own (daemons.py); the controllers run in `_acquire`,
+        whenever the store is read under the lock (kube_standin's workloads section)."""
+
+    def elapse(self, seconds: float) -> None:
+        """The store unlocked while the time passes; the state is read again after it."""
+        self.save()
+        self._release()
+        time.sleep(seconds)
+        self._acquire()
 
     def wait(self, condition: Callable[[], bool], seconds: float) -> bool:
         """Poll `condition` every second for up to `seconds`, the store unlocked in between, so the
@@ -278,10 +301,33 @@ class BoxCluster(model.Cluster):
     def bootstrap_kubelet(self, name: str) -> None:
         """The kubelet daemon bootstraps itself (daemons.py)."""
 
-    def node_ready(self, name: str) -> bool:
-        node = self.s["nodes"].get(name) or {}
-        beat = node.get("heartbeat")
-        return bool(beat and time.time() - float(beat) < NODE_GRACE_S and self.s["cni"])
+    def node_grace(self) -> float:
+        return NODE_GRACE_S
+
+    def node_status(self, name: str) -> str:
+        """Ready from the kubelet's reports: "Unknown" once none came for the grace period."""
+        beat = (self.s["nodes"].get(name) or {}).get("heartbeat")
+        if not (beat and time.time() - float(beat) < NODE_GRACE_S):
+            return "Unknown"
+        return "True" if self.s["cni"] else "False"
+
+    def kubelet_posting(self, name: str) -> bool:
+        beat = (self.s["nodes"].get(name) or {}).get("heartbeat")
+        return bool(beat and time.time() - float(beat) < KUBELET_ALIVE_S)
+
+    def kubelet_answers(self, name: str, timeout: float) -> bool:
+        """The node's kubelet accepts a connection on its API port (daemons.py listens there), as
+        the API server dials it for an exec: a powered-off host does not answer."""
+        ip = (self.s["hosts"].get(name) or {}).get("ip")
+        if not ip:
+            return False
+        # The dial may take the whole timeout: the store is unlocked meanwhile, read again after it.
+        self.save()
+        self._release()
+        try:
+            return net.tcp_open(str(ip), model.KUBELET_PORT, timeout=timeout)
+        finally:
+            self._acquire()
 
     def node_info(self, name: str) -> dict[str, str]:
         node = self.s["nodes"].get(name) or {}
@@ -602,20 +648,29 @@ def remove_pods() -> None:
 
 
 def kubectl_main(args: list[str]) -> int:
-    """kubectl: the request goes to the kubeconfig's server with its credentials; what it asks is
-    answered from the store."""
+    """kubectl: the request goes to the kubeconfig's server (or --server's, which overrides it, as
+    clientcmd's ConfigOverrides do) with the kubeconfig's CA and credentials; `get --raw` of a health
+    endpoint (/readyz, /livez, /healthz) is that very request, its answer printed as kubectl prints
+    it; anything else is answered from the store once the server answered GET /api.
+
+    It runs on a node host (the install scripts, with admin.conf or kubelet.conf) and on the CLI's
+    machine (the drills, tests/box_kubectl.py), where the kubeconfig is the stack's `kubeconfig`
+    output: its credentials are embedded, so no file of a host is read."""
     if model.flag(args, "--kubeconfig") is None:
         args = [*args, "--kubeconfig", os.environ.get("KUBECONFIG") or "/root/.kube/config"]
     kubeconfig = str(model.flag(args, "--kubeconfig"))
     timeout = model.parse_duration(model.flag(args, "--request-timeout") or "30s") or 30.0
     local = socket.gethostname()
+    raw = model.flag(args, "--raw") if "get" in args else None
     try:
         # client-go validates the kubeconfig before it dials (clientcmd validation.go).
         model.check_client_files(BoxCluster(local=local), local, kubeconfig)
         server, creds = kubeconfig_credentials(kubeconfig)
+        server = model.flag(args, "--server") or model.flag(args, "-s") or server
         host, port = split_server(server)
+        path = raw if raw in model.HEALTH_PATHS else "/api"
         try:
-            status, body = net.request(host, port, "GET", "/api", creds, timeout=timeout)
+            status, body = net.request(host, port, "GET", str(path), creds, timeout=timeout)
         except net.Unreachable as error:
             if error.kind == "refused":
                 raise model.Fail(
@@ -629,6 +684,9 @@ def kubectl_main(args: list[str]) -> int:
                 "Error from server (InternalError): an error on the server "
                 f'("{body.strip()[:200]}") has prevented the request from succeeding'
             )
+        if path != "/api":
+            print(body)
+            return 0
         with BoxCluster(local=local).locked() as cluster:
             cluster.mark_answered(host)
             model.kubectl(cluster, local, args)

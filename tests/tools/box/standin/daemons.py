@@ -6,9 +6,11 @@
   else bootstrap-kubelet.conf, writing a certificate-less kubelet.conf at once; else it exits, and
   systemd restarts it), bootstraps with a CSR to the API server its bootstrap credentials name
   (and exits after 5 minutes without a certificate, as server.go's exitAfter), serves /healthz on
-  127.0.0.1:10248, runs the static pods of /etc/kubernetes/manifests while containerd's socket
-  answers, and reports its Node and those pods to the API server its kubelet.conf names every 10 s
-  (nodeStatusUpdateFrequency), re-registering a Node that was deleted, as the kubelet does.
+  127.0.0.1:10248, accepts connections on its API port 10250 (what `kubectl exec` reaches through
+  the API server; the stand-in kubectl runs the command itself), runs the static pods of
+  /etc/kubernetes/manifests while containerd's socket answers, and reports its Node and those
+  pods to the API server its kubelet.conf names every 10 s (nodeStatusUpdateFrequency),
+  re-registering a Node that was deleted, as the kubelet does.
 - the static pods, each a process of its own session (containerd's, not the kubelet's: they outlive
   a kubelet restart): `etcd` (peer port 2380 while it is a member, client port 2379 whose /health
   says whether a quorum of the voting members answers on their peer ports), `kube-apiserver`
@@ -126,6 +128,11 @@ class _Healthz(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _Accept(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        pass
+
+
 def client_credentials() -> tuple[str, net.Credentials] | None:
     """kubelet.conf's server and its client certificate, when it has a valid one
     (bootstrap.go isClientConfigStillValid)."""
@@ -160,6 +167,11 @@ def kubelet_main(args: list[str]) -> int:
         log(f"Client rotation is on, will bootstrap in background (server {bootstrap[0]})")
     healthz = http.server.ThreadingHTTPServer(("127.0.0.1", net.KUBELET_HEALTHZ_PORT), _Healthz)
     threading.Thread(target=healthz.serve_forever, daemon=True).start()
+    # The kubelet's API port, which the API server dials for `kubectl exec` (the stand-in kubectl
+    # runs etcdctl itself: here a connection is only accepted, so a live kubelet answers and a
+    # powered-off host does not).
+    api = _TCPServer(("0.0.0.0", model.KUBELET_PORT), _Accept)
+    threading.Thread(target=api.serve_forever, daemon=True).start()
     started = time.monotonic()
     last_report = 0.0
     last_pods: dict[str, dict[str, str]] = {}
@@ -531,8 +543,14 @@ def apiserver_main(version: str) -> int:
                                      "message": f'nodes "{name}" not found'})  # fmt: skip
                     return
                 entry = cluster.s["nodes"].setdefault(name, {"labels": {}})
+                now = time.time()
+                # The first report after the grace period without one starts a new run of reports:
+                # the node lifecycle controller sees the Node Ready again from then (`posting_since`).
+                last = entry.get("heartbeat")
+                if last is None or now - float(last) >= box.NODE_GRACE_S:
+                    entry["posting_since"] = now
                 entry.update(
-                    heartbeat=time.time(),
+                    heartbeat=now,
                     kubelet_version=request.get("kubelet_version", ""),
                     runtime=request.get("runtime", ""),
                     static_pods=request.get("static_pods", {}),
