@@ -59,10 +59,13 @@ def test_make_up_runs_pulumi_up_on_the_stack_it_is_given():
     # (USER_ARGS: a URN's `$`, tests/test_first_install.py).
     assert re.search(
         r"^up: .*\n(?:\t.*\n)*?\t\$\(LAYER_TARGETS\) \$\(USER_ARGS\) \$\(NO_AGENT\) pulumi up --stack \$\(STACK\) "
-        r'"\$\$\{layer_targets\[@\]\}" "\$\$\{user_args\[@\]\}"$',
+        r'"\$\$\{layer_targets\[@\]\}" "\$\$\{user_args\[@\]\}" \$\(AGAIN_HINT\)$',
         makefile,
         flags=re.M,
     )
+    # A failed `up` says what to do next (docs/runbook.md, "When a step fails half-way";
+    # tests/test_first_install.py::test_a_failed_up_says_what_to_do).
+    assert re.search(r"^AGAIN_HINT = \|\| \{ rc=\$\$\?; .*exit \$\$rc; \}$", makefile, flags=re.M)
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
