@@ -43,6 +43,7 @@ through the network.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.firstboot import guestinfo_environment
+from tests.kube_standin import empty_state
 
 REPO = Path(__file__).resolve().parents[1]
 BOX_TOOLS = REPO / "tests" / "tools" / "box"
@@ -164,6 +166,37 @@ class NodeHost:
         )  # fmt: skip
 
 
+# What the cluster store holds that is not etcd's: the machines and balancers the stand-ins know,
+# the VIP, and the tests' plans (a phase to die in, a canned status).
+NOT_IN_ETCD = ("hosts", "balancers", "vip", "node_grace_s", "die", "status_override")
+
+
+def forget_cluster_without_members(store: Path, machines: set[str]) -> dict[str, Any] | None:
+    """The store is what etcd's replication makes one (box_cluster.py), and etcd's data is on its
+    members' disks (/var/lib/etcd, their data disk): when no VM named as a member is left among
+    `machines`, no disk holds the cluster, so the store forgets it (its API objects, members and
+    cluster CA), as `make destroy` takes the cluster with the VMs on vCenter. Without this the
+    next `make up` after `make destroy` found the old members and its kubeadm init's etcd waited
+    for them (bench/lab_box.py, the template-reused run). Returns the state it forgot, if any."""
+    path = store / "cluster.json"
+    with (store / "cluster.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the stand-ins' own lock (kube_standin.Cluster.locked)
+        if not path.is_file():
+            return None
+        state: dict[str, Any] = json.loads(path.read_text())
+        members = {str(m.get("name")) for m in state.get("members", [])}
+        if not members or members & machines:
+            return None
+        fresh = {**empty_state(), **{key: state[key] for key in NOT_IN_ETCD if key in state}}
+        fresh["hosts"] = {name: facts for name, facts in fresh["hosts"].items() if name in machines}
+        fresh["balancers"] = {name: facts for name, facts in fresh["balancers"].items() if name in machines}
+        written = path.with_name(f".{path.name}.forget")
+        written.write_text(json.dumps(fresh, indent=1, sort_keys=True))
+        os.replace(written, path)  # by rename, as the stand-ins write it: daemons read without the lock
+        shutil.rmtree(store / "pki", ignore_errors=True)
+        return state
+
+
 @dataclass
 class LabBox:
     """The hosts of one engine lab; `follow` reads the engine box's CLONE lines (tests/engine_box.py)."""
@@ -179,6 +212,8 @@ class LabBox:
     hosts: dict[str, NodeHost] = field(default_factory=dict)  # by VM (managed object id)
     events: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The cluster stores `forget_cluster_without_members` took away, as the last member's VM left them.
+    forgotten_clusters: list[dict[str, Any]] = field(default_factory=list)
     _count: int = 0
 
     def __post_init__(self) -> None:
@@ -300,6 +335,9 @@ class LabBox:
         del self.hosts[host.vm]
         self.keep_logs(host)
         shutil.rmtree(host.directory, ignore_errors=True)
+        forgotten = forget_cluster_without_members(self.store, {h.name for h in self.hosts.values()})
+        if forgotten is not None:
+            self.forgotten_clusters.append(forgotten)
 
     def report_guest_addresses(self) -> None:
         """VMware Tools, for the drills (components/tools/drills/vcenter.py reads guest.ipAddress):

@@ -242,7 +242,28 @@ def run_scenario(box: Box) -> None:
         while hosts.hosts and time.monotonic() < deadline:
             time.sleep(0.5)
         box.stages["hosts_after_destroy"] = sorted(h.name for h in hosts.hosts.values())
+        # The cluster as its members' disks last held it: with the last control plane's VM, the
+        # box's store forgot it (tests/lab_box.py forget_cluster_without_members).
+        box.stages["forgotten_clusters"] = list(hosts.forgotten_clusters)
         box.stages["store_after_destroy"] = cluster_store(hosts)
+        box.stages["after_destroy"] = up_after_destroy(box)
+
+
+def up_after_destroy(box: Box) -> dict[str, Any]:
+    """The lab rebuilt after `make destroy`: one `make up` from an empty vCenter, the whole graph at
+    once as a user types it (so at vcsim's --parallel 1), to verify-cluster on new VMs whose new
+    disks hold a new cluster; then `make destroy` again, which leaves nothing."""
+    lab, hosts = box.lab, box.hosts
+    facts: dict[str, Any] = {"up": lab.make("up", args="--yes", timeout=2400)}
+    if facts["up"].ok:
+        facts["store"] = cluster_store(hosts)
+        facts["cluster"] = cluster_facts(box)
+    facts["destroy"] = lab.make("destroy", args="--yes", timeout=1800)
+    deadline = time.monotonic() + 30
+    while hosts.hosts and time.monotonic() < deadline:
+        time.sleep(0.5)
+    facts["hosts_after"] = sorted(h.name for h in hosts.hosts.values())
+    return facts
 
 
 def edit_store(hosts: LabBox, edit: Any) -> None:
@@ -915,9 +936,34 @@ def test_make_destroy_empties_vcenter_and_the_box(box: Box) -> None:
     for node in CFG.kubernetes_nodes:
         assert f"not draining or removing {node.name}" in destroy.output, destroy.output[-3000:]
     before = box.stages["store_before_destroy"].get("nodes", {})
-    after = box.stages["store_after_destroy"].get("nodes", {})
+    forgotten = box.stages["forgotten_clusters"]
+    assert len(forgotten) == 1, forgotten  # the last control plane's VM took the cluster with it
+    assert not box.stages["store_after_destroy"].get("members"), box.stages["store_after_destroy"]
+    after = forgotten[0].get("nodes", {})
     assert sorted(after) == sorted(before) and len(after) == len(CFG.kubernetes_nodes), (before, after)
     assert not [name for name, node in after.items() if node.get("unschedulable")], after
     during = box.hosts.events[box.stages["events_before_destroy"] :]
     gone = {e["name"] for e in during if e["state"] == "gone"}
     assert gone == set(NODES), during
+
+
+def test_make_up_after_make_destroy_builds_a_new_cluster_and_destroy_leaves_nothing(box: Box) -> None:
+    """After `make destroy`, one `make up` from the empty vCenter reaches verify-cluster again: new
+    VMs, new etcd members (none of the destroyed cluster's), every Node Ready. Before the box's
+    store forgot a destroyed cluster, kubeadm init's etcd waited for the old members."""
+    assert_ok(box, "destroy")
+    again = box.stages["after_destroy"]
+    assert again["up"].ok, again["up"].output[-3000:]
+    old_members = {m["id"] for m in box.stages["store_before_destroy"].get("members", [])}
+    members = again["store"].get("members", [])
+    assert sorted(m["name"] for m in members) == sorted(n.name for n in CFG.control_planes), members
+    assert old_members and not old_members & {m["id"] for m in members}, (old_members, members)
+    nodes = json.loads(again["cluster"]["nodes"][4:])["items"]
+    ready = {
+        n["metadata"]["name"]: [c["status"] for c in n["status"]["conditions"] if c["type"] == "Ready"] for n in nodes
+    }
+    assert ready == {n.name: ["True"] for n in CFG.kubernetes_nodes}, ready
+    verified = f"labs-k8s[verify-cluster]: all {len(CFG.kubernetes_nodes)} nodes Ready"
+    assert verified in again["up"].output, again["up"].output[-3000:]
+    assert again["destroy"].ok, again["destroy"].output[-3000:]
+    assert again["hosts_after"] == [], again["hosts_after"]

@@ -1,0 +1,80 @@
+"""The lab in a box's cluster store outlives no cluster (tests/lab_box.py forget_cluster_without_members).
+
+The bench's second `make up` after `make destroy` hung in kubeadm init: the stand-ins' shared store
+still listed the destroyed control planes as etcd members, and the new first member's etcd waited
+for them ("no member with peer URL https://10.3.60.51:2380 and this data dir in the cluster").
+On vCenter the VMs' disks, and with them etcd's data, go with `make destroy`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.kube_standin import empty_state
+from tests.lab_box import forget_cluster_without_members
+
+CONTROL_PLANES = ("labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03")
+
+
+def a_store(tmp_path: Path) -> Path:
+    store = tmp_path / "store"
+    (store / "pki").mkdir(parents=True)
+    (store / "pki" / "ca.crt").write_text("the cluster CA\n")
+    state: dict[str, Any] = {
+        **empty_state(),
+        "hosts": {
+            name: {"ip": f"10.3.60.{51 + i}", "role": "control-plane", "up": True}
+            for i, name in enumerate(CONTROL_PLANES)
+        }
+        | {"labs-k8s-w01": {"ip": "10.3.60.54", "role": "worker", "up": True}},
+        "balancers": {"labs-k8s-lb01": {"holds_vip": True}, "labs-k8s-lb02": {"holds_vip": False}},
+        "members": [
+            {"id": 100 + i, "name": name, "peer": f"https://10.3.60.{51 + i}:2380", "data": f"d{i}", "learner": False}
+            for i, name in enumerate(CONTROL_PLANES)
+        ],
+        "nodes": {"labs-k8s-m01": {"labels": {}}, "labs-k8s-w01": {"labels": {}}},
+        "objects": {"configmap/kube-public/cluster-info": {}},
+        "die": {"labs-k8s-w03": {"join": "kubelet-start/written"}},
+        "node_grace_s": 50.0,
+    }
+    (store / "cluster.json").write_text(json.dumps(state))
+    return store
+
+
+def read(store: Path) -> dict[str, Any]:
+    return dict(json.loads((store / "cluster.json").read_text()))
+
+
+def test_a_store_whose_members_have_a_vm_left_is_kept(tmp_path: Path) -> None:
+    store = a_store(tmp_path)
+    before = read(store)
+    # m03 replaced (its old VM gone), a worker removed: m01 and m02 still hold etcd's data.
+    assert forget_cluster_without_members(store, {"labs-k8s-m01", "labs-k8s-m02", "labs-k8s-lb01"}) is None
+    assert read(store) == before and (store / "pki" / "ca.crt").is_file()
+
+
+def test_the_last_members_vm_gone_takes_the_cluster_and_keeps_the_machines(tmp_path: Path) -> None:
+    store = a_store(tmp_path)
+    before = read(store)
+    forgotten = forget_cluster_without_members(store, {"labs-k8s-w01", "labs-k8s-lb01"})
+    assert forgotten == before
+    after = read(store)
+    assert after["members"] == [] and after["nodes"] == {} and after["objects"] == {}, after
+    assert not (store / "pki").exists()  # a new kubeadm init makes a new cluster CA
+    # What is not etcd's: the machines still there, the VIP, the tests' plans.
+    assert sorted(after["hosts"]) == ["labs-k8s-w01"] and sorted(after["balancers"]) == ["labs-k8s-lb01"]
+    assert after["vip"] == before["vip"] and after["die"] == before["die"] and after["node_grace_s"] == 50.0
+
+
+def test_a_store_before_the_first_member_is_kept(tmp_path: Path) -> None:
+    store = a_store(tmp_path)
+    state = read(store) | {"members": []}
+    (store / "cluster.json").write_text(json.dumps(state))
+    assert forget_cluster_without_members(store, set()) is None
+    assert read(store) == state
+    empty = tmp_path / "empty"  # no command has run yet: no cluster.json
+    empty.mkdir()
+    assert forget_cluster_without_members(empty, set()) is None
+    assert not (empty / "cluster.json").exists()
