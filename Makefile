@@ -136,12 +136,13 @@ kubeadm: system-deps
 	bash tests/tools/build_kubeadm.sh >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "kubeadm could not be built here; the real-kubeadm tests will skip (they fail under CI=true)" >&2; }
 
+# Two workers: the lab in a box beside the rest of the suite (tests/conftest.py says why).
 test: venv-dev system-deps vcsim toolchain kubeadm
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 # The lab in a box (tests/box_cli.py, README "Try it without a vCenter"): vcsim, the package
 # mirror and a host per clone under .box/, then `make up` against them; box-down removes it all.

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from components.config import LabConfig
 from components.tools.offline import OfflineRun, lab_config_from_stack, run_program
@@ -48,3 +49,21 @@ def run_with() -> Callable[..., OfflineRun]:
         return run_program("labs", overrides={f"labs-k8s:{k}": v for k, v in namespace_overrides.items()})
 
     return run
+
+
+# `make test` runs two xdist workers (`-n 2`): the lab in a box, about half the suite's time and
+# mostly waiting on its hosts, in one; every other test, in the order it has always run, in the
+# other (none of them was written to run beside itself). The box's module fixture runs its
+# scenario once either way. A scheduler of our own, not `--dist loadgroup`: xdist 3.8 groups by
+# rewriting `item._nodeid`, which pytest 9 no longer reads (Node.nodeid is `_id`), so its groups
+# were silently ignored and both workers ran the box.
+BOX_MODULE = "tests/test_lab_box.py::"
+
+
+class BoxBesideTheSuite(LoadScopeScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+        return "box" if nodeid.startswith(BOX_MODULE) else "suite"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> BoxBesideTheSuite:
+    return BoxBesideTheSuite(config, log)

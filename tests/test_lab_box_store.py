@@ -1,4 +1,5 @@
-"""The lab in a box's cluster store outlives no cluster (tests/lab_box.py forget_cluster_without_members).
+"""The lab in a box's cluster store outlives no cluster (tests/lab_box.py forget_cluster_without_members),
+and `make test` runs the box on a worker of its own (tests/conftest.py).
 
 The bench's second `make up` after `make destroy` hung in kubeadm init: the stand-ins' shared store
 still listed the destroyed control planes as etcd members, and the new first member's etcd waited
@@ -12,9 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import BoxBesideTheSuite
 from tests.kube_standin import empty_state
 from tests.lab_box import forget_cluster_without_members
 
+MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
 CONTROL_PLANES = ("labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03")
 
 
@@ -78,3 +81,23 @@ def test_a_store_before_the_first_member_is_kept(tmp_path: Path) -> None:
     empty.mkdir()
     assert forget_cluster_without_members(empty, set()) is None
     assert not (empty / "cluster.json").exists()
+
+
+def test_make_tests_two_workers_run_the_box_beside_the_rest() -> None:
+    """xdist's own `--dist loadgroup` rewrote `item._nodeid`, which pytest 9 ignores: both workers
+    ran the box at once. The suite's scheduler makes exactly two work units, so each worker gets one."""
+    scheduler = object.__new__(BoxBesideTheSuite)  # only its split is asked: no workers needed
+    scopes = {
+        scheduler._split_scope(nodeid)
+        for nodeid in (
+            "tests/test_lab_box.py::test_make_destroy_empties_vcenter_and_the_box",
+            "tests/test_lab_box.py::test_the_seeds_failure_drills_pass_against_the_box[worker]",
+            "tests/test_lab_box_store.py::test_a_store_before_the_first_member_is_kept",
+            "tests/test_docs.py::test_local_links_resolve[testing.md]",
+            "tests/test_real_engine.py::test_the_template_layer_on_the_real_engine",
+        )
+    }
+    assert scopes == {"box", "suite"}
+    assert scheduler._split_scope("tests/test_lab_box.py::test_x") == "box"
+    assert scheduler._split_scope("tests/test_lab_box_store.py::test_x") == "suite"
+    assert "-n 2" in next(line for line in MAKEFILE.read_text().splitlines() if "-m pytest" in line)
