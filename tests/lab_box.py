@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.firstboot import guestinfo_environment
-from tests.kube_standin import empty_state
+from tests.kube_standin import Cluster, empty_state
 
 REPO = Path(__file__).resolve().parents[1]
 BOX_TOOLS = REPO / "tests" / "tools" / "box"
@@ -190,9 +190,9 @@ def forget_cluster_without_members(store: Path, machines: set[str]) -> dict[str,
         fresh = {**empty_state(), **{key: state[key] for key in NOT_IN_ETCD if key in state}}
         fresh["hosts"] = {name: facts for name, facts in fresh["hosts"].items() if name in machines}
         fresh["balancers"] = {name: facts for name, facts in fresh["balancers"].items() if name in machines}
-        written = path.with_name(f".{path.name}.forget")
-        written.write_text(json.dumps(fresh, indent=1, sort_keys=True))
-        os.replace(written, path)  # by rename, as the stand-ins write it: daemons read without the lock
+        cluster = Cluster(store)
+        cluster.s = fresh
+        cluster.save()  # the stand-ins' own write, by rename: daemons read without the lock
         shutil.rmtree(store / "pki", ignore_errors=True)
         return state
 
