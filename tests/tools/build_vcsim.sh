@@ -4,11 +4,11 @@
 #
 # What is built: tests/tools/vcsim/main.go, a small main of ours over govmomi's simulator
 # library at the version pinned in tests/tools/go.mod and go.sum (why our own main, and the
-# password-file login hook it adds: the header of main.go). No patch to govmomi is needed:
+# password-file login hook and versioned property collector it adds: main.go's header). No patch to govmomi is needed:
 # this simulator applies DRS settings and has a login hook (SessionManager.ValidLogin).
 #
 # Idempotent: the binary is cached at $REPO/.cache/vcsim/vcsim (.cache is gitignored) with a
-# stamp of its inputs (go.mod, go.sum, main.go, the Go version) beside it; when the stamp
+# stamp of its inputs (go.mod, go.sum, main.go, collector.go, the Go version) beside it; when the stamp
 # matches and the binary runs, nothing is rebuilt. VCSIM_REBUILD=1 forces a rebuild.
 set -euo pipefail
 
@@ -23,7 +23,7 @@ source "$TOOLS/go_env.sh"
 log() { printf 'build_vcsim: %s\n' "$*" >&2; }
 
 go=$(go_binary)
-recipe="govmomi-module $(go_inputs_digest "$go" "$TOOLS/go.mod" "$TOOLS/go.sum" "$TOOLS/vcsim/main.go")"
+recipe="govmomi-module $(go_inputs_digest "$go" "$TOOLS/go.mod" "$TOOLS/go.sum" "$TOOLS/vcsim/main.go" "$TOOLS/vcsim/collector.go")"
 
 # A cached binary that still starts is good enough (-h prints the usage and exits 0 or 2).
 if [[ -x "$BIN" && "${VCSIM_REBUILD:-0}" != "1" && "$(cat "$STAMP" 2>/dev/null || true)" == "$recipe" ]]; then

@@ -11,6 +11,9 @@
 //     It uses the simulator's own hook, SessionManager.ValidLogin (simulator/session_manager.go
 //     Authenticate), not a patch. Sessions already logged in stay valid, as on a real vCenter.
 //
+// Each session's default PropertyCollector answers WaitForUpdatesEx by the version its caller
+// passes (collector.go says why), so the vSphere provider's concurrent task waits each see theirs.
+//
 // DRS settings (drsConfig.enabled, defaultVmBehavior) are applied by this simulator version
 // itself (simulator/cluster_compute_resource.go updateDrsConfig), which the older Debian
 // build needed a backport for.
@@ -79,6 +82,7 @@ func main() {
 		newUUIDForNewVM(vm)
 	}
 	registry.AddHandler(runtimeEnumDefaults{})
+	installVersionedCollector(registry, model.ServiceContent.PropertyCollector)
 	setDefaultHardwareVersion(registry)
 
 	model.Service.RegisterEndpoints = true
