@@ -3,26 +3,32 @@
 For the default lab and for 10 workers, on the real CLI, language host and plugins against vcsim,
 with every clone a host of the box (tests/lab_box.py), prints:
 - the wall time of `make up` from empty to verify-cluster, with the template built (the stand-in
-  ISO, so seconds) and reused (kept by `template.retainOnDestroy` across `make destroy`):
-  `make up LAYER=vsphere`, the hosts' first boot, then `make up` of the whole graph at parallelism
-  16 (the vSphere half at 1: tests/pulumi_engine.py VCSIM_PARALLEL);
+  ISO, so seconds) and reused (kept by `template.retainOnDestroy` across `make destroy`): one
+  `make up` as a user types it, at the CLI's default parallelism (tests/pulumi_engine.py
+  VCSIM_PARALLEL says why vcsim serves that now);
 - the length of its critical path: the longest chain of step durations (each resource's
-  resourcePreEvent -> resOutputsEvent in the engine's `--event-log`) along the dependencies the
-  state records (`pulumi stack export`), plus the boot the steps wait for;
-- the engine's own overhead: wall time minus the critical path;
+  resourcePreEvent -> resOutputsEvent in the engine's `--event-log`, stamped as it is written:
+  EventClock) along the dependencies the state records (`pulumi stack export`);
+- the engine's own overhead: wall time minus the critical path, and where it goes: outside the
+  CLI's update (make's preflight check, the preview `make up` shows first, the CLI's start and
+  exit), in it with no step running (the program, registering and diffing, checkpoints), and in
+  it with steps running but none of the critical path;
 - the wall time of a no-change `make up`;
 - the time from the VIP holder's power-off in vcsim to the VIP answering again from the other
   balancer.
 Goals (issue #31): `make up` from empty under 5 minutes, engine overhead under 20 % of its wall time.
 
-    sudo .venv/bin/python bench/lab_box.py
+    sudo .venv/bin/python bench/lab_box.py [--lab default|ten]
 """
 
 from __future__ import annotations
 
-import re
+import argparse
+import json
+import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,100 +38,204 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.test_lab_box import balancer_failover, open_box
 
 
-def step_spans(events: list[dict[str, Any]]) -> dict[str, float]:
-    """URN -> seconds from its resourcePreEvent to its resOutputsEvent (or failure)."""
+class EventClock:
+    """Stamps each line of the engine's `--event-log` with the time it appears. The events' own
+    `timestamp` is whole seconds (pkg/backend/display/display.go stampEvents: time.Now().Unix()),
+    and most steps of the box take well under one; the CLI writes each event as it happens, so a
+    poll every 10 ms places each within that. `pulumi up` opens the log once for its preview and
+    again, truncating it (display.go: os.O_TRUNC), for the update: what is kept is the update's."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.stamped: list[tuple[float, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._offset = 0
+        self._partial = b""
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    def __enter__(self) -> EventClock:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._failed is None:
+            self._read()
+        if self._failed is not None:
+            raise self._failed
+        summaries = [event["summaryEvent"] for _, event in self.stamped if "summaryEvent" in event]
+        if "preludeEvent" not in self.stamped[0][1] or [s.get("isPreview") for s in summaries] != [False]:
+            raise RuntimeError(f"{self.path}: what was followed is not one whole update, prelude to summary")
+
+    def _read(self) -> None:
+        try:
+            with self.path.open("rb") as log:
+                if os.fstat(log.fileno()).st_size < self._offset:  # truncated: the update begins
+                    self._offset, self._partial, self.stamped = 0, b"", []
+                log.seek(self._offset)
+                chunk = log.read()
+        except FileNotFoundError:
+            return
+        now = time.monotonic()
+        self._offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for line in filter(bytes.strip, lines):
+            try:
+                self.stamped.append((now, json.loads(line)))
+            except ValueError:
+                raise RuntimeError(
+                    f"{self.path}: a line that is not an event; the log was truncated and grew past "
+                    "where it was read between two polls, so the stamps cannot be trusted"
+                ) from None
+
+    def _follow(self) -> None:
+        try:
+            while not self._stop.wait(0.01):
+                self._read()
+        except BaseException as failed:  # raised again by __exit__
+            self._failed = failed
+
+    def span(self) -> float:
+        """From the update's first event (its prelude) to its summary."""
+        return next(at for at, event in self.stamped if "summaryEvent" in event) - self.stamped[0][0]
+
+
+def step_spans(stamped: list[tuple[float, dict[str, Any]]]) -> dict[str, tuple[float, float]]:
+    """URN -> (start, end): its resourcePreEvent and its resOutputsEvent (or failure), for each
+    step a provider did something in (not `same`: a VM the steps' update leaves as the vSphere half
+    made it keeps the span of its clone)."""
     starts: dict[str, float] = {}
-    spans: dict[str, float] = {}
-    for event in events:
-        stamp = float(event.get("timestamp", 0))
+    spans: dict[str, tuple[float, float]] = {}
+    for stamp, event in stamped:
         for kind in ("resourcePreEvent", "resOutputsEvent", "resOpFailedEvent"):
             body = event.get(kind)
             # Only what a provider does: a component's (and the stack's) events span all of its
             # children, so counting them along the parent edges would count the children twice.
-            if isinstance(body, dict) and body.get("metadata", {}).get("provider"):
-                urn = str(body.get("metadata", {}).get("urn", ""))
+            metadata = body.get("metadata", {}) if isinstance(body, dict) else {}
+            if metadata.get("provider") and metadata.get("op") != "same":
+                urn = str(metadata.get("urn", ""))
                 if kind == "resourcePreEvent":
                     starts[urn] = stamp
                 elif urn in starts:
-                    spans[urn] = spans.get(urn, 0.0) + stamp - starts.pop(urn)
+                    spans[urn] = (starts.pop(urn), stamp)
     return spans
 
 
-def critical_path(spans: dict[str, float], resources: list[dict[str, Any]]) -> float:
-    """The longest chain of durations along each resource's recorded dependencies and parent."""
+def critical_path(spans: dict[str, tuple[float, float]], resources: list[dict[str, Any]]) -> list[str]:
+    """The longest chain of step durations along each resource's recorded dependencies and
+    parent, first step first."""
     needs = {r["urn"]: [*r.get("dependencies", []), *([r["parent"]] if r.get("parent") else [])] for r in resources}
-    longest: dict[str, float] = {}
+    longest: dict[str, tuple[float, list[str]]] = {}
 
-    def finish(urn: str) -> float:
+    def duration(urn: str) -> float:
+        start, end = spans.get(urn, (0.0, 0.0))
+        return end - start
+
+    def chain(urn: str) -> tuple[float, list[str]]:
         if urn not in longest:
-            longest[urn] = 0.0  # a cycle guard; the state has none
-            longest[urn] = spans.get(urn, 0.0) + max((finish(d) for d in needs.get(urn, [])), default=0.0)
+            longest[urn] = (0.0, [])  # a cycle guard; the state has none
+            length, before = max((chain(d) for d in needs.get(urn, [])), default=(0.0, []))
+            longest[urn] = (length + duration(urn), [*before, urn] if urn in spans else before)
         return longest[urn]
 
-    return max((finish(urn) for urn in needs), default=0.0)
+    return max((chain(urn) for urn in needs), default=(0.0, []))[1]
 
 
-def cli_duration(output: str) -> float:
-    """The CLI's own `Duration:` of an update (whole seconds), from its last summary."""
-    found = re.findall(r"^Duration: (?:(\d+)m)?(\d+)s$", output, flags=re.MULTILINE)
-    minutes, seconds = found[-1] if found else ("", "0")
-    return 60 * int(minutes or 0) + int(seconds)
+def busy(spans: list[tuple[float, float]]) -> float:
+    """How long at least one of these steps was running (the union of their intervals)."""
+    total, reached = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reached:
+            total += end - max(start, reached)
+            reached = end
+    return total
 
 
-def timed_up(lab: Any, hosts: Any) -> tuple[float, float, float, float]:
-    """`make up` from no VM: the vSphere half (at vcsim's parallelism of 1), the hosts' first boot,
-    then `make up` of the whole graph at the CLI's default-like parallelism (nothing of the vSphere
-    half changes then, so vcsim's property collector is not in the way: tests/pulumi_engine.py
-    VCSIM_PARALLEL). Returns the wall time, the critical path, the boot, and the time outside the
-    CLI's updates (make's preflight checks, the preview `make up` shows first, the CLI's start)."""
+def followed_make(lab: Any, *targets: str, **options: Any) -> tuple[Any, EventClock, float]:
+    """`make *targets` as the box runs it, its event log followed; with its wall time."""
+    with EventClock(lab.next_make_events(*targets)) as clock:
+        started = time.monotonic()
+        result = lab.make(*targets, **options)
+        wall = time.monotonic() - started
+    assert result.ok, result.output[-3000:]
+    return result, clock, wall
+
+
+def timed_up(lab: Any) -> dict[str, float]:
+    """One `make up` from no VM to verify-cluster, as a user types it (the CLI's default
+    parallelism: tests/pulumi_engine.py VCSIM_PARALLEL). Returns its wall time, its critical path
+    (the steps that wait for the first boot included) and its overhead in the PARTS, which add up
+    to wall minus path."""
     started = time.monotonic()
-    vsphere = lab.make("up", layer="vsphere", args="--yes", timeout=1800)
-    assert vsphere.ok, vsphere.output[-3000:]
-    vsphere_s = time.monotonic() - started
-    boot = hosts.wait_booted([h.name for h in hosts.hosts.values()], timeout=900)
-    steps_started = time.monotonic()
-    steps = lab.make("up", args="--yes --parallel 16", timeout=3600)
-    assert steps.ok, steps.output[-3000:]
-    steps_s = time.monotonic() - steps_started
+    with EventClock(lab.next_make_events("up")) as clock:
+        up = lab.make("up", args="--yes", timeout=3600, cli_parallel=True)
     wall = time.monotonic() - started
-    spans = {**step_spans(vsphere.event_log()), **step_spans(steps.event_log())}
-    path = critical_path(spans, lab.stack_export()["deployment"]["resources"]) + boot
-    outside = vsphere_s + steps_s - cli_duration(vsphere.output) - cli_duration(steps.output)
-    return wall, path, boot, outside
+    assert up.ok, up.output[-3000:]
+    spans = step_spans(clock.stamped)
+    chain = critical_path(spans, lab.stack_export()["deployment"]["resources"])
+    path = sum(end - start for urn, (start, end) in spans.items() if urn in chain)
+    running = busy(list(spans.values()))
+    return {
+        "wall": wall,
+        "path": path,
+        "outside": wall - clock.span(),
+        "no step running": clock.span() - running,
+        "off the path": running - path,
+    }
+
+
+# The parts of the overhead, as timed_up names them, and what each is.
+PARTS = {
+    "outside": "outside the CLI's update: make's preflight check, the preview `make up` shows, the CLI's start, exit",
+    "no step running": "in the update, no step running: the program, registering and diffing resources, checkpoints",
+    "off the path": "in the update, steps running but none of the critical path",
+}
 
 
 def measure(label: str, root: Path, workers: list[tuple[str, str]] | None) -> None:
     with open_box(root, workers) as box:
-        lab, hosts = box.lab, box.hosts
+        lab = box.lab
         # Kept across `make destroy`, so the second `make up` reuses it (docs/runbook.md).
         lab.pulumi("config", "set", "--stack", lab.stack, "--path", "labs-k8s:template.retainOnDestroy", "true")
         for run in ("template built", "template reused"):
-            wall, path, boot, outside = timed_up(lab, hosts)
+            figures = timed_up(lab)
+            wall, path = figures["wall"], figures["path"]
             print(f"{label}: make up from empty ({run}), to verify-cluster: {wall:.1f} s")
-            print(f"{label}:   critical path (steps along their dependencies, plus boot {boot:.1f} s): {path:.1f} s")
+            print(f"{label}:   critical path (steps along their dependencies, the first boot in them): {path:.1f} s")
             overhead = wall - path
             print(f"{label}:   engine overhead (wall minus critical path): {overhead:.1f} s ({overhead / wall:.0%})")
-            beside = "make's checks, its preview, the CLI's start"
-            print(f"{label}:     of which outside the CLI's updates ({beside}): {outside:.1f} s")
+            for part, what in PARTS.items():
+                print(f"{label}:     {figures[part]:5.1f} s {what}")
             if run == "template built":
                 started = time.monotonic()
-                again = lab.make("up", args="--yes", timeout=1800)
+                again = lab.make("up", args="--yes", timeout=1800, cli_parallel=True)
                 assert again.ok and again.summary() == {}, again.output[-3000:]
                 print(f"{label}: make up with no change: {time.monotonic() - started:.1f} s")
                 failover = balancer_failover(box)
                 moved = failover["answered_after_s"]
                 print(f"{label}: VIP holder powered off -> VIP answers from the other balancer: {moved} s")
-            destroyed = lab.make("destroy", args="--yes", timeout=1800)
+            destroyed = lab.make("destroy", args="--yes", timeout=1800, cli_parallel=True)
             assert destroyed.ok, destroyed.output[-3000:]
 
 
+LABS = {
+    "default": ("default lab (7 VMs)", None),
+    "ten": ("10 workers (15 VMs)", [(f"labs-k8s-w{i:02d}", f"10.3.60.{109 + i}") for i in range(1, 11)]),
+}
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lab", choices=sorted(LABS), action="append", help="only this lab (default: both)")
+    chosen = parser.parse_args().lab or list(LABS)
     # Kept (its artifacts are the CLI's output of every run): a failed run is looked into there.
     work = tempfile.mkdtemp(prefix="labs-k8s-bench-")
     print(f"bench: the boxes' artifacts are kept under {work}", flush=True)
-    measure("default lab (7 VMs)", Path(work) / "default", None)
-    ten = [(f"labs-k8s-w{i:02d}", f"10.3.60.{109 + i}") for i in range(1, 11)]
-    measure("10 workers (15 VMs)", Path(work) / "ten", ten)
+    for name in chosen:
+        label, workers = LABS[name]
+        measure(label, Path(work) / name, workers)
     return 0
 
 

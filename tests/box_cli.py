@@ -52,7 +52,7 @@ def hold(root: Path) -> int:
     with open_box(root / "run") as box:
         lab = box.lab
         print(f"box: vcsim and the mirror are up; `make up` runs now (CLI output: {lab.artifacts})", flush=True)
-        up = lab.make("up", args="--yes", timeout=UP_TIMEOUT_S)
+        up = lab.make("up", args="--yes", timeout=UP_TIMEOUT_S, cli_parallel=True)
         facts: dict[str, object] = {"ok": up.ok, "log": str(up.log), "artifacts": str(lab.artifacts),
                                     "netns": lab.netns, "workspace": str(lab.workspace)}  # fmt: skip
         if up.ok:

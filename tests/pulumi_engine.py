@@ -251,16 +251,29 @@ class EngineLab:
         result.events = events
         return result
 
+    def next_make_events(self, *targets: str) -> Path:
+        """Where the next `make(*targets)` has the engine write its `--event-log` (bench/lab_box.py
+        follows it while the CLI runs)."""
+        return self.artifacts / f"{len(self.results):02d}-events-make-{'-'.join(targets)}.jsonl"
+
     def make(
-        self, *targets: str, args: str = "", layer: str = "", timeout: float = 900, trusted: bool = True
+        self,
+        *targets: str,
+        args: str = "",
+        layer: str = "",
+        timeout: float = 900,
+        trusted: bool = True,
+        cli_parallel: bool = False,
     ) -> Result:
         """`make TARGET` as a user types it, with ARGS (the Makefile passes them to the CLI) holding
-        VCSIM_PARALLEL and `args`, and LAYER=`layer` when given. The engine's `--event-log` goes
-        through ARGS too (its path holds no character make or the shell would expand), so the
-        result's `changes` is the engine's own summary, as for `engine`."""
-        events = self.artifacts / f"{len(self.results):02d}-events-make-{'-'.join(targets)}.jsonl"
+        VCSIM_PARALLEL (none with `cli_parallel`: the CLI's default, as a user's `make up`) and
+        `args`, and LAYER=`layer` when given. The engine's `--event-log` goes through ARGS too (its
+        path holds no character make or the shell would expand), so the result's `changes` is the
+        engine's own summary, as for `engine`."""
+        events = self.next_make_events(*targets)
         self.artifacts.mkdir(parents=True, exist_ok=True)
-        passed = " ".join([*VCSIM_PARALLEL, "--event-log", str(events), args]).strip()
+        parallel = () if cli_parallel else VCSIM_PARALLEL
+        passed = " ".join([*parallel, "--event-log", str(events), args]).strip()
         result = self.run(
             "make-" + "-".join(targets),
             "make",
@@ -285,13 +298,14 @@ class EngineLab:
         return shown
 
 
-# Every run against vcsim goes one resource at a time. At the CLI's default parallelism the real
-# vSphere provider's concurrent clones and post-clone reconfigures hang: vcsim records every task
-# as `success` (TaskManager.recentTask), while the provider's waits for them
-# (govmomi task.WaitEx -> property.WaitForUpdatesEx, goroutine dump of pulumi-resource-vsphere)
-# never receive the update, for 17 minutes and more; `destroy` the same. That is the simulator's
-# property collector, not a limit of vCenter, which serves the provider's concurrent task waits
-# (Terraform's default parallelism is 10), so the program is not bounded; docs/testing.md says so.
+# Runs against vcsim go one resource at a time unless a test asks for the CLI's default
+# (`make(cli_parallel=True)`). At the default, the simulator's own property collector hung the
+# real vSphere provider's concurrent clones for 17 minutes and more: the provider's task waits share
+# the session's collector (govmomi Task.WaitForResultEx), and the simulator handed its updates to
+# whichever wait polled first. Our vcsim's collector answers each wait by its own version
+# (tests/tools/vcsim/collector.go, tests/test_vcsim_collector.py), and the lab in a box's up after
+# destroy and its bench run at the CLI's default; the staged scenarios keep one step at a time, so
+# each stage's order of events is the same on every run (docs/testing.md).
 VCSIM_PARALLEL = ("--parallel", "1")
 
 

@@ -251,14 +251,15 @@ def run_scenario(box: Box) -> None:
 
 def up_after_destroy(box: Box) -> dict[str, Any]:
     """The lab rebuilt after `make destroy`: one `make up` from an empty vCenter, the whole graph at
-    once as a user types it (so at vcsim's --parallel 1), to verify-cluster on new VMs whose new
-    disks hold a new cluster; then `make destroy` again, which leaves nothing."""
+    once as a user types it (at the CLI's default parallelism: the seven clones at once, their task
+    waits on one property collector, tests/pulumi_engine.py VCSIM_PARALLEL), to verify-cluster on
+    new VMs whose new disks hold a new cluster; then `make destroy` again (the same), which leaves nothing."""
     lab, hosts = box.lab, box.hosts
-    facts: dict[str, Any] = {"up": lab.make("up", args="--yes", timeout=2400)}
+    facts: dict[str, Any] = {"up": lab.make("up", args="--yes", timeout=2400, cli_parallel=True)}
     if facts["up"].ok:
         facts["store"] = cluster_store(hosts)
         facts["cluster"] = cluster_facts(box)
-    facts["destroy"] = lab.make("destroy", args="--yes", timeout=1800)
+    facts["destroy"] = lab.make("destroy", args="--yes", timeout=1800, cli_parallel=True)
     deadline = time.monotonic() + 30
     while hosts.hosts and time.monotonic() < deadline:
         time.sleep(0.5)
