@@ -69,11 +69,16 @@ def provider_seconds(events: list[dict[str, object]]) -> float:
                 starts[urn] = stamp
             elif urn in starts:
                 spans.append((starts.pop(urn), stamp))
-    total, end = 0.0, float("-inf")
-    for begin, finish in sorted(spans):
-        if finish > end:
-            total += finish - max(begin, end)
-            end = finish
+    return busy(spans)
+
+
+def busy(spans: list[tuple[float, float]]) -> float:
+    """How long at least one of these steps was running (the union of their intervals)."""
+    total, reached = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reached:
+            total += end - max(start, reached)
+            reached = end
     return total
 
 

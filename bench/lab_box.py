@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.engine import busy
 from tests.test_lab_box import balancer_failover, open_box
 
 
@@ -141,26 +142,6 @@ def critical_path(spans: dict[str, tuple[float, float]], resources: list[dict[st
         return longest[urn]
 
     return max((chain(urn) for urn in needs), default=(0.0, []))[1]
-
-
-def busy(spans: list[tuple[float, float]]) -> float:
-    """How long at least one of these steps was running (the union of their intervals)."""
-    total, reached = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reached:
-            total += end - max(start, reached)
-            reached = end
-    return total
-
-
-def followed_make(lab: Any, *targets: str, **options: Any) -> tuple[Any, EventClock, float]:
-    """`make *targets` as the box runs it, its event log followed; with its wall time."""
-    with EventClock(lab.next_make_events(*targets)) as clock:
-        started = time.monotonic()
-        result = lab.make(*targets, **options)
-        wall = time.monotonic() - started
-    assert result.ok, result.output[-3000:]
-    return result, clock, wall
 
 
 def timed_up(lab: Any) -> dict[str, float]:
