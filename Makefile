@@ -10,6 +10,15 @@ SHELL := bash
 STACK ?=
 # Passed to the Pulumi CLI by up, preview and destroy: ARGS='--yes', '--target URN', '--parallel 4'.
 ARGS ?=
+# How many resource operations the CLI runs at once. Its own default, 4 per local core
+# (cmd/pulumi/operations/up.go defaultParallel), bounds its memory on programs of a thousand
+# resources at once (pulumi/pulumi#14989). Here nearly every operation is a step running on its own
+# machine over SSH or a vCenter task, the CLI only waiting: at 8 (a 2-core jump host) the 15
+# machines of a 10-worker lab prepared in two waves, each step of the second waiting for a slot
+# (bench/lab_box.py, docs/testing.md). 64 is wider than that lab's graph (29 at once at most) and
+# still a bound; vCenter queues the tasks it cannot run yet. A PULUMI_PARALLEL of your own, or
+# ARGS='--parallel N', wins. Set for the CLI's operations only, not for `make test` and the rest.
+up preview destroy: export PULUMI_PARALLEL ?= 64
 # ARGS reaches the CLI unexpanded: every nested resource's URN holds `$`
 # (`...Lab$labs-k8s:fleet:NodeFleet$...`), which make took for its variables and the shell for
 # its own, so `ARGS='--replace URN'` named no resource. It goes through the environment as typed

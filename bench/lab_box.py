@@ -4,8 +4,8 @@ For the default lab and for 10 workers, on the real CLI, language host and plugi
 with every clone a host of the box (tests/lab_box.py), prints:
 - the wall time of `make up` from empty to verify-cluster, with the template built (the stand-in
   ISO, so seconds) and reused (kept by `template.retainOnDestroy` across `make destroy`): one
-  `make up` as a user types it, at the CLI's default parallelism (tests/pulumi_engine.py
-  VCSIM_PARALLEL says why vcsim serves that now);
+  `make up` as a user types it, at make's parallelism (PULUMI_PARALLEL=64, the Makefile says why;
+  tests/pulumi_engine.py VCSIM_PARALLEL says why vcsim serves it);
 - the length of its critical path: the longest chain of step durations (each resource's
   resourcePreEvent -> resOutputsEvent in the engine's `--event-log`, stamped as it is written:
   EventClock) along the dependencies the state records (`pulumi stack export`);
@@ -13,6 +13,8 @@ with every clone a host of the box (tests/lab_box.py), prints:
   CLI's update (make's preflight check, the preview `make up` shows first, the CLI's start and
   exit), in it with no step running (the program, registering and diffing, checkpoints), and in
   it with steps running but none of the critical path;
+- the size of the state that `make up` left, which the file backend writes whole, and a copy of
+  the last, at the start and the end of every step (pkg/backend/snapshot.go, one save at a time);
 - the wall time of a no-change `make up`;
 - the time from the VIP holder's power-off in vcsim to the VIP answering again from the other
   balancer.
@@ -145,20 +147,26 @@ def critical_path(spans: dict[str, tuple[float, float]], resources: list[dict[st
 
 
 def timed_up(lab: Any) -> dict[str, float]:
-    """One `make up` from no VM to verify-cluster, as a user types it (the CLI's default
-    parallelism: tests/pulumi_engine.py VCSIM_PARALLEL). Returns its wall time, its critical path
-    (the steps that wait for the first boot included) and its overhead in the PARTS, which add up
-    to wall minus path."""
+    """One `make up` from no VM to verify-cluster, as a user types it (make's parallelism,
+    PULUMI_PARALLEL: tests/pulumi_engine.py VCSIM_PARALLEL). Returns its wall time, its critical path
+    (the steps that wait for the first boot included), its overhead in the PARTS, which add up
+    to wall minus path, the size of the state it left and how many steps it ran."""
     started = time.monotonic()
     with EventClock(lab.next_make_events("up")) as clock:
         up = lab.make("up", args="--yes", timeout=3600, cli_parallel=True)
     wall = time.monotonic() - started
     assert up.ok, up.output[-3000:]
     spans = step_spans(clock.stamped)
-    chain = critical_path(spans, lab.stack_export()["deployment"]["resources"])
+    deployment = lab.stack_export()["deployment"]
+    chain = critical_path(spans, deployment["resources"])
     path = sum(end - start for urn, (start, end) in spans.items() if urn in chain)
     running = busy(list(spans.values()))
+    # The file backend writes the whole state, and a copy of the last, at each step's start and end
+    # (pkg/backend/snapshot.go SnapshotManager.mutate, one save at a time; diy/state.go saveCheckpoint).
+    state_mb = len(json.dumps(deployment).encode()) / 1e6
     return {
+        "state MB": state_mb,
+        "steps": len(spans),
         "wall": wall,
         "path": path,
         "outside": wall - clock.span(),
@@ -189,6 +197,8 @@ def measure(label: str, root: Path, workers: list[tuple[str, str]] | None) -> No
             print(f"{label}:   engine overhead (wall minus critical path): {overhead:.1f} s ({overhead / wall:.0%})")
             for part, what in PARTS.items():
                 print(f"{label}:     {figures[part]:5.1f} s {what}")
+            steps, size = int(figures["steps"]), figures["state MB"]
+            print(f"{label}:   state after it: {size:.1f} MB, written whole at the start and end of its {steps} steps")
             if run == "template built":
                 started = time.monotonic()
                 again = lab.make("up", args="--yes", timeout=1800, cli_parallel=True)

@@ -1,8 +1,9 @@
 """A stand-in for the Pulumi CLI, for the first-install tests (tests/test_first_install.py).
 
-Installed as `pulumi` on a test's PATH. It records every invocation (argv only: secrets reach it
-through stdin, as the README says they must) in $FAKE_PULUMI_HOME/calls.jsonl, and models what the
-first-install path depends on, after the real CLI (pulumi/pulumi pkg/cmd/pulumi):
+Installed as `pulumi` on a test's PATH. It records every invocation (its argv and PULUMI_PARALLEL
+only: secrets reach it through stdin, as the README says they must) in
+$FAKE_PULUMI_HOME/calls.jsonl, and models what the first-install path depends on, after the
+real CLI (pulumi/pulumi pkg/cmd/pulumi):
 
 - `login [url|--local]`, `logout`, `whoami --json`: one current backend, as ~/.pulumi/credentials.json
   holds; PULUMI_BACKEND_URL wins, as it does for the real CLI. Pulumi Cloud in a non-interactive
@@ -72,7 +73,7 @@ def save(name: str, value: Any) -> None:
 def record(argv: list[str]) -> None:
     STATE.mkdir(parents=True, exist_ok=True)
     with (STATE / "calls.jsonl").open("a") as log:
-        log.write(json.dumps({"argv": argv, "cwd": os.getcwd()}) + "\n")
+        log.write(json.dumps({"argv": argv, "cwd": os.getcwd(), "parallel": os.environ.get("PULUMI_PARALLEL")}) + "\n")
 
 
 def backend() -> str | None:

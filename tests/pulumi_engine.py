@@ -266,7 +266,7 @@ class EngineLab:
         cli_parallel: bool = False,
     ) -> Result:
         """`make TARGET` as a user types it, with ARGS (the Makefile passes them to the CLI) holding
-        VCSIM_PARALLEL (none with `cli_parallel`: the CLI's default, as a user's `make up`) and
+        VCSIM_PARALLEL (none with `cli_parallel`: make's default, PULUMI_PARALLEL=64, as a user's `make up`) and
         `args`, and LAYER=`layer` when given. The engine's `--event-log` goes through ARGS too (its
         path holds no character make or the shell would expand), so the result's `changes` is the
         engine's own summary, as for `engine`."""
@@ -298,13 +298,13 @@ class EngineLab:
         return shown
 
 
-# Runs against vcsim go one resource at a time unless a test asks for the CLI's default
+# Runs against vcsim go one resource at a time unless a test asks for make's default (PULUMI_PARALLEL)
 # (`make(cli_parallel=True)`). At the default, the simulator's own property collector hung the
 # real vSphere provider's concurrent clones for 17 minutes and more: the provider's task waits share
 # the session's collector (govmomi Task.WaitForResultEx), and the simulator handed its updates to
 # whichever wait polled first. Our vcsim's collector answers each wait by its own version
 # (tests/tools/vcsim/collector.go, tests/test_vcsim_collector.py), and the lab in a box's up after
-# destroy and its bench run at the CLI's default; the staged scenarios keep one step at a time, so
+# destroy and its bench run at make's default; the staged scenarios keep one step at a time, so
 # each stage's order of events is the same on every run (docs/testing.md).
 VCSIM_PARALLEL = ("--parallel", "1")
 

@@ -87,6 +87,11 @@ class Sandbox:
             return []
         return [json.loads(line)["argv"] for line in log.read_text().splitlines()]
 
+    def parallels(self) -> list[str | None]:
+        """PULUMI_PARALLEL as each invocation of the fake saw it (None: unset)."""
+        log = self.state / "calls.jsonl"
+        return [json.loads(line).get("parallel") for line in log.read_text().splitlines()]
+
     def commands(self) -> list[str]:
         """The fake's invocations as `pulumi <sub> [<sub>]` words, in order."""
         words = []

@@ -315,6 +315,21 @@ def test_args_reach_the_pulumi_cli_and_make_help_says_how(sandbox):
 
 
 @pytest.mark.parametrize("target", ["up", "preview", "destroy"])
+def test_make_runs_the_cli_wider_than_its_per_core_default_unless_told_otherwise(sandbox, target):
+    """The CLI's default of 4 operations per local core made a 2-core jump host prepare the 15
+    machines of a 10-worker lab in two waves (docs/testing.md, the bench; the Makefile): make
+    sets PULUMI_PARALLEL (which the CLI reads for --parallel's default, cmd/pulumi/operations/up.go
+    defaultParallel) to 64, and a PULUMI_PARALLEL of the user's own is kept."""
+    ready_stack(sandbox)
+    made = sandbox.make(target, f"STACK={STACK}", "ARGS=--yes")
+    assert made.returncode == 0, made.stderr
+    assert sandbox.calls()[-1][0] == target and sandbox.parallels()[-1] == "64"
+    own = sandbox.make(target, f"STACK={STACK}", "ARGS=--yes", PULUMI_PARALLEL="6")
+    assert own.returncode == 0, own.stderr
+    assert sandbox.calls()[-1][0] == target and sandbox.parallels()[-1] == "6"
+
+
+@pytest.mark.parametrize("target", ["up", "preview", "destroy"])
 def test_a_urn_in_args_reaches_the_cli_untouched(sandbox, target):
     """`make up ARGS='--replace URN'` as make help and the runbook say: every nested resource's URN
     holds `$` (`...Lab$labs-k8s:fleet:NodeFleet$...`), which make took for its variables and the

@@ -251,7 +251,7 @@ def run_scenario(box: Box) -> None:
 
 def up_after_destroy(box: Box) -> dict[str, Any]:
     """The lab rebuilt after `make destroy`: one `make up` from an empty vCenter, the whole graph at
-    once as a user types it (at the CLI's default parallelism: the seven clones at once, their task
+    once as a user types it (at make's parallelism, PULUMI_PARALLEL=64: the seven clones at once, their task
     waits on one property collector, tests/pulumi_engine.py VCSIM_PARALLEL), to verify-cluster on
     new VMs whose new disks hold a new cluster; then `make destroy` again (the same), which leaves nothing."""
     lab, hosts = box.lab, box.hosts
