@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from components.config import LabConfig, LabConfigError, load_lab_config
-from components.rendering import CLOUDINIT_DIR, STEP_ROOT, lb, step_bundle
+from components.rendering import CLOUDINIT_DIR, STEP_ROOT, bundle_files, lb, step_bundle
 from tests.labs import namespace
 from tests.netns_lab import TEST_VRRP_PASSWORD, ensure_script_user
 from tests.requirements import require_root, require_tool
@@ -291,7 +291,11 @@ def test_balancer_files_make_a_valid_step_bundle(labs: LabConfig) -> None:
     assert "state BACKUP" in files["keepalived.conf"]
     bundle = step_bundle(lb.STEP_NAME, files, lb.SETUP_SCRIPT)
     assert f"exec bash ./{lb.SETUP_SCRIPT}" in bundle
-    assert TEST_VRRP_PASSWORD[:8] not in bundle  # base64 inside, and never on a command line
+    # The password travels only as keepalived.conf's text, in the bundle that is the step's secret
+    # stdin (remote.py): never on the command line the bundle ends with.
+    assert bundle_files(bundle) == files
+    outside_files = bundle.replace(files["keepalived.conf"], "")
+    assert TEST_VRRP_PASSWORD[:8] not in outside_files
     result = subprocess.run(["bash", "-n"], input=bundle, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 

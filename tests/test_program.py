@@ -18,7 +18,7 @@ from google.protobuf import json_format
 from pulumi.runtime import rpc
 
 from components import remote as remote_steps
-from components.rendering import host_keys, k8s
+from components.rendering import bundle_files, host_keys, k8s
 from components.tools.offline import RecordingMonitor, run_program
 
 VM = "vsphere:index/virtualMachine:VirtualMachine"
@@ -764,16 +764,10 @@ def test_the_clones_resource_pool_is_the_templates_a_path_below_the_clusters_roo
 
 # --------------------------------------------------------------------------- host identity
 
-_FILE_IN_BUNDLE = re.compile(r"base64 -d > (\S+) <<'LABS_K8S_EOF'\n((?:[^\n]*\n)*?)LABS_K8S_EOF\n")
-
 
 def _bundle_texts(bundle: str) -> str:
     """The bundle's own text and every file it writes, decoded: where a plain secret would show."""
-    decoded = [
-        base64.b64decode(body.replace("\n", "")).decode(errors="replace")
-        for _path, body in _FILE_IN_BUNDLE.findall(bundle)
-    ]
-    return "\n".join([bundle, *decoded])
+    return "\n".join([bundle, *bundle_files(bundle).values()])
 
 
 def _secret_values(run) -> dict[str, str]:

@@ -3,15 +3,14 @@ mock engine) the upgrade chain of the graph."""
 
 from __future__ import annotations
 
-import base64
 import itertools
-import re
 from typing import Any
 
 import pulumi
 import pytest
 
 from components.config import load_lab_config
+from components.rendering import bundle_files
 from components.tools.changes import plan_changes
 from components.tools.offline import OfflineRun, RecordingMonitor, run_program
 from components.upgrade import (
@@ -155,10 +154,10 @@ def test_a_containerd_change_alone_serializes_the_chain() -> None:
 
 
 def bundle_params(reg: Any) -> str:
-    """The params.env a step's bundle writes (base64 inside the bundle)."""
-    match = re.search(r"/params\.env'? <<'LABS_K8S_EOF'\n(.*?)\nLABS_K8S_EOF", reg.plain_inputs["stdin"], re.S)
-    assert match, reg.name
-    return base64.b64decode("".join(match.group(1).split())).decode()
+    """The params.env a step's bundle writes."""
+    params = bundle_files(reg.plain_inputs["stdin"]).get("params.env")
+    assert params is not None, reg.name
+    return params
 
 
 CHAIN = [

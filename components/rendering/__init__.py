@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,6 +52,21 @@ def content_hash(*parts: str) -> str:
 
 
 STEP_ROOT = "/var/lib/labs-k8s/steps"
+BUNDLE_HEREDOC_END = "LABS_K8S_EOF"
+
+
+def _file_writer(target: str, text: str) -> list[str]:
+    """The bundle lines that write `text` to `target`. A text file goes as it is, in a quoted here-document
+    (bash copies its body byte for byte: no expansion, no tab stripping); only a file the here-document
+    cannot carry exactly (no final newline, a NUL byte, a line that is the delimiter) goes base64. Plain text
+    matters for the size: pulumi-command keeps each bundle twice in the state (input and output), and
+    the file backend writes the whole state at the start and end of every step (pulumi
+    pkg/backend/snapshot.go), so a third more per bundle was a third more on every checkpoint (docs/testing.md)."""
+    if text.endswith("\n") and "\0" not in text and BUNDLE_HEREDOC_END not in text.splitlines():
+        return [f"cat > {target} <<'{BUNDLE_HEREDOC_END}'", text.removesuffix("\n"), BUNDLE_HEREDOC_END]
+    encoded = base64.b64encode(text.encode()).decode()
+    body = [encoded[i : i + 76] for i in range(0, len(encoded), 76)]
+    return [f"base64 -d > {target} <<'{BUNDLE_HEREDOC_END}'", *body, BUNDLE_HEREDOC_END]
 
 
 def step_bundle(
@@ -80,11 +96,7 @@ def step_bundle(
     for name, text in sorted(files.items()):
         if "/" in name or name.startswith("."):
             raise ValueError(f"bundle file names are flat: {name!r}")
-        encoded = base64.b64encode(text.encode()).decode()
-        target = shlex.quote(f"{step_dir}/{name}")
-        lines.append(f"base64 -d > {target} <<'LABS_K8S_EOF'")
-        lines += [encoded[i : i + 76] for i in range(0, len(encoded), 76)]
-        lines.append("LABS_K8S_EOF")
+        lines += _file_writer(shlex.quote(f"{step_dir}/{name}"), text)
     quoted_args = " ".join(shlex.quote(a) for a in args)
     lines.append(f"cd {shlex.quote(step_dir)}")
     # "$@": what the remote command passes after `bash -s --` (teardown-guard's set/clear).
@@ -99,3 +111,18 @@ def step_bundle(
     else:
         lines.append(f"exec {run}")
     return "\n".join(lines) + "\n"
+
+
+_FILE_IN_BUNDLE = re.compile(
+    rf"^(base64 -d|cat) > (\S+) <<'{BUNDLE_HEREDOC_END}'\n((?:[^\n]*\n)*?){BUNDLE_HEREDOC_END}\n", re.M
+)
+
+
+def bundle_files(bundle: str) -> dict[str, str]:
+    """The files a step bundle writes (name -> text): step_bundle read back, for the offline engine's
+    answers and the tests. Each file is in the bundle in full, so nothing is looked up elsewhere."""
+    files = {}
+    for writer, target, body in _FILE_IN_BUNDLE.findall(bundle):
+        name = shlex.split(target)[0].rsplit("/", 1)[-1]
+        files[name] = base64.b64decode("".join(body.split())).decode() if writer == "base64 -d" else body
+    return files

@@ -29,6 +29,7 @@ from google.protobuf import json_format, struct_pb2
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 
+from components.rendering import bundle_files
 from components.ssh_keys import RENDER_PLACEHOLDER_MARK
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -187,23 +188,18 @@ class RecordingMonitor(MockMonitor):
         return super().RegisterResourceOutputs(request)
 
 
-_PARAMS_IN_BUNDLE = re.compile(r"/params\.env'? <<'LABS_K8S_EOF'\n(.*?)\nLABS_K8S_EOF", re.S)
-
-
 def _bundle_param(bundle: str, name: str) -> str | None:
-    """A parameter of a step bundle's params.env (rendering.step_bundle writes it base64-encoded)."""
-    match = _PARAMS_IN_BUNDLE.search(bundle)
-    if match is None:
+    """A parameter of a step bundle's params.env."""
+    params = bundle_files(bundle).get("params.env")
+    if params is None:
         return None
-    params = base64.b64decode("".join(match.group(1).split())).decode()
     found = re.search(rf"^{name}=(\S+)$", params, re.M)
     return found.group(1).strip("'") if found else None
 
 
 def _bundle_file(bundle: str, name: str) -> str | None:
-    """A file of a step bundle (rendering.step_bundle's base64 heredocs), decoded."""
-    match = re.search(rf"/{re.escape(name)}'? <<'LABS_K8S_EOF'\n(.*?)\nLABS_K8S_EOF", bundle, re.S)
-    return base64.b64decode("".join(match.group(1).split())).decode() if match else None
+    """A file of a step bundle."""
+    return bundle_files(bundle).get(name)
 
 
 def _fake_hex(seed: str, length: int) -> str:
