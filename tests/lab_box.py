@@ -331,13 +331,16 @@ class LabBox:
         subprocess.run(["ip", "netns", "del", host.netns], capture_output=True, check=False)
 
     def _remove(self, host: NodeHost) -> None:
-        """The VM is gone, and its disk: only its logs are kept (`logs`), for the artifacts."""
-        del self.hosts[host.vm]
+        """The VM is gone, and its disk: only its logs are kept (`logs`), for the artifacts. The host
+        leaves `hosts` last, so a reader that sees it gone (under the lock or not) also sees the
+        cluster its disk took with it in `forgotten_clusters`."""
         self.keep_logs(host)
         shutil.rmtree(host.directory, ignore_errors=True)
-        forgotten = forget_cluster_without_members(self.store, {h.name for h in self.hosts.values()})
+        left = {h.name for h in self.hosts.values() if h is not host}
+        forgotten = forget_cluster_without_members(self.store, left)
         if forgotten is not None:
             self.forgotten_clusters.append(forgotten)
+        del self.hosts[host.vm]
 
     def report_guest_addresses(self) -> None:
         """VMware Tools, for the drills (components/tools/drills/vcenter.py reads guest.ipAddress):
@@ -408,6 +411,14 @@ class LabBox:
     def forget(self, host: NodeHost) -> None:
         with self.lock:
             self._remove(host)
+
+    def names(self) -> list[str]:
+        return sorted(h.name for h in self.snapshot())
+
+    def snapshot(self) -> list[NodeHost]:
+        """The hosts now, read under the lock: the engine's clones add and remove them meanwhile."""
+        with self.lock:
+            return list(self.hosts.values())
 
     def by_name(self, name: str) -> NodeHost:
         with self.lock:

@@ -239,9 +239,10 @@ def run_scenario(box: Box) -> None:
     box.stages["destroy"] = lab.make("destroy", args="--yes", timeout=1800)
     if box.stages["destroy"].ok:
         deadline = time.monotonic() + 30
-        while hosts.hosts and time.monotonic() < deadline:
+        while hosts.names() and time.monotonic() < deadline:
             time.sleep(0.5)
-        box.stages["hosts_after_destroy"] = sorted(h.name for h in hosts.hosts.values())
+        # Under the hosts' lock: a removal in progress (tests/lab_box.py `_remove`) finishes first.
+        box.stages["hosts_after_destroy"] = hosts.names()
         # The cluster as its members' disks last held it: with the last control plane's VM, the
         # box's store forgot it (tests/lab_box.py forget_cluster_without_members).
         box.stages["forgotten_clusters"] = list(hosts.forgotten_clusters)
@@ -261,9 +262,9 @@ def up_after_destroy(box: Box) -> dict[str, Any]:
         facts["cluster"] = cluster_facts(box)
     facts["destroy"] = lab.make("destroy", args="--yes", timeout=1800, cli_parallel=True)
     deadline = time.monotonic() + 30
-    while hosts.hosts and time.monotonic() < deadline:
+    while hosts.names() and time.monotonic() < deadline:
         time.sleep(0.5)
-    facts["hosts_after"] = sorted(h.name for h in hosts.hosts.values())
+    facts["hosts_after"] = hosts.names()
     return facts
 
 
@@ -399,7 +400,7 @@ def interrupted_up(box: Box, name: str) -> dict[str, Any]:
     thread = threading.Thread(target=run)
     thread.start()
     while thread.is_alive() and "killed_at" not in result:
-        host = next((h for h in hosts.hosts.values() if h.name == name and h.running()), None)
+        host = next((h for h in hosts.snapshot() if h.name == name and h.running()), None)
         # dpkg's journal (/var/lib/dpkg/updates) holds entries while a package is half unpacked or
         # configured: power off then, and dpkg is left "interrupted" (apt-pkg's pkgSystem checks it).
         journal = host.upper / "var/lib/dpkg/updates" if host is not None else None
@@ -515,9 +516,9 @@ def add_and_remove_worker(box: Box) -> dict[str, Any]:
     facts["removed"] = lab.engine("up", timeout=1800)
     facts["store_after_remove"] = cluster_store(hosts)
     deadline = time.monotonic() + 30
-    while any(h.name == name for h in hosts.hosts.values()) and time.monotonic() < deadline:
+    while name in hosts.names() and time.monotonic() < deadline:
         time.sleep(0.5)
-    facts["hosts_after"] = sorted(h.name for h in hosts.hosts.values())
+    facts["hosts_after"] = hosts.names()
     facts["again"] = lab.engine("preview", expect_no_changes=True)
     return facts
 
@@ -527,11 +528,11 @@ def replace_control_plane(box: Box, name: str) -> dict[str, Any]:
     first (its etcd member removed, its Node deleted), then a new VM, so a new host with a new disk,
     which is prepared and joins as a control plane; a no-change preview after."""
     lab, hosts = box.lab, box.hosts
-    before = {h.vm for h in hosts.hosts.values() if h.name == name}
+    before = {h.vm for h in hosts.snapshot() if h.name == name}
     member_before = [m["id"] for m in cluster_store(hosts).get("members", []) if m.get("name") == name]
     source = f"{_LAB}$labs-k8s:fleet:NodeFleet$pulumi-python:dynamic:Resource::{name}-clone-source"
     facts: dict[str, Any] = {"up": lab.make("up", args=f"--yes --replace {source}", timeout=2400)}
-    facts["new_host"] = sorted({h.vm for h in hosts.hosts.values() if h.name == name} - before)
+    facts["new_host"] = sorted({h.vm for h in hosts.snapshot() if h.name == name} - before)
     store = cluster_store(hosts)
     facts["members"] = [(m["id"], m.get("name"), m.get("learner")) for m in store.get("members", [])]
     facts["member_before"] = member_before

@@ -10,12 +10,16 @@ On vCenter the VMs' disks, and with them etcd's data, go with `make destroy`.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import BoxBesideTheSuite
 from tests.kube_standin import empty_state
-from tests.lab_box import forget_cluster_without_members
+from tests.lab_box import LabBox, NodeHost, forget_cluster_without_members
 
 MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
 CONTROL_PLANES = ("labs-k8s-m01", "labs-k8s-m02", "labs-k8s-m03")
@@ -101,3 +105,28 @@ def test_make_tests_two_workers_run_the_box_beside_the_rest() -> None:
     assert scheduler._split_scope("tests/test_lab_box.py::test_x") == "box"
     assert scheduler._split_scope("tests/test_lab_box_store.py::test_x") == "suite"
     assert "-n 2" in next(line for line in MAKEFILE.read_text().splitlines() if "-m pytest" in line)
+
+
+def test_who_sees_the_last_vm_gone_sees_the_cluster_it_took(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI ran `make destroy` in the box, saw no host left and read no forgotten cluster: the host
+    left `hosts` first, and the cluster was forgotten after its logs were copied and its disk
+    removed. A reader that sees the host gone, even without the lock, sees what its disk took."""
+    box = object.__new__(LabBox)  # no network namespace: only the removal is asked
+    box.root, box.hosts, box.lock, box.forgotten_clusters = tmp_path / "box", {}, threading.Lock(), []
+    box.root.mkdir()
+    a_store(tmp_path).rename(box.store)
+    for i, name in enumerate(CONTROL_PLANES):
+        box.hosts[f"vm-{i}"] = NodeHost(f"u{i}", name, "", f"vm-{i}", {}, tmp_path / name, "", "")
+    monkeypatch.setattr(LabBox, "keep_logs", lambda self, host: time.sleep(0.3))  # a copy that takes time
+    for host in list(box.hosts.values())[:-1]:
+        box.forget(host)
+    last = next(iter(box.hosts.values()))
+    removal = threading.Thread(target=box.forget, args=(last,))
+    removal.start()
+    deadline = time.monotonic() + 10
+    while box.hosts and time.monotonic() < deadline:  # no lock, as the destroy stage read it
+        time.sleep(0.01)
+    seen = list(box.forgotten_clusters)
+    removal.join()
+    assert len(seen) == 1 and {m["name"] for m in seen[0]["members"]} == set(CONTROL_PLANES), seen
+    assert not box.hosts and box.names() == []
