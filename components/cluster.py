@@ -75,7 +75,7 @@ class KubeadmCluster(pulumi.ComponentResource):
         super().__init__("labs-k8s:k8s:KubeadmCluster", name, None, opts)
         # Every step pins its host's key (remote.RemoteSteps): the token and the certificate key go
         # only to a host that has it.
-        self._steps = steps.RemoteSteps(lab, private_key, self, pins)
+        self._steps = steps.RemoteSteps(lab, private_key, self, pins, library=k8s_rendering.step_library())
         child = pulumi.ResourceOptions(parent=self)
         self._lab = lab
         self._previous = previous or PreviousState(available=False)
@@ -101,7 +101,8 @@ class KubeadmCluster(pulumi.ComponentResource):
         self.first_control_plane = first
 
         self.prepared: dict[str, remote.Command] = {
-            node.name: self._steps.on_node(
+            # It also installs lib.sh and upgrade-lib.sh, which every later step on the node copies.
+            node.name: self._steps.prepare(
                 k8s_rendering.prepare_step_name(node),
                 node,
                 steps.Script(

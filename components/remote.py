@@ -26,7 +26,7 @@ import pulumi
 from pulumi_command import remote
 
 from components.config import LabConfig, Node
-from components.rendering import content_hash, step_bundle
+from components.rendering import StepLibrary, content_hash, step_bundle
 from components.rendering.host_keys import HostKey
 from components.rendering.lb import CONTROL_PLANE_SSH_PORT
 
@@ -229,6 +229,7 @@ class RemoteSteps:
     that no kind describes.
 
     - `host_key`: the first step on a new VM: its pinned host keys in place, a rotation installed.
+    - `prepare`: an `on_node` step that also installs the layer's StepLibrary on its machine.
     - `on_node`: converges one machine; re-runs when its bundle or that machine's earlier steps or VM
       change (a replaced VM re-runs every step on it, in order).
     - `through_vip`: the same, on whichever control plane is healthy (cluster_connection).
@@ -243,11 +244,23 @@ class RemoteSteps:
     travel in its stdin over the authenticated session.
     """
 
-    def __init__(self, lab: LabConfig, private_key: pulumi.Input[str], parent: pulumi.Resource, pins: HostPins) -> None:
+    def __init__(
+        self,
+        lab: LabConfig,
+        private_key: pulumi.Input[str],
+        parent: pulumi.Resource,
+        pins: HostPins,
+        library: StepLibrary | None = None,
+    ) -> None:
         self._lab = lab
         self._private_key = private_key
         self._parent = parent
         self._pins = pins
+        # The files many of this layer's steps share (rendering.StepLibrary): each node's step
+        # registered with `installs_library` puts them on it, and the later steps there (through the
+        # VIP: once every control plane has them) copy them from it rather than carry them.
+        self._library = library
+        self._library_installers: dict[str, tuple[str, pulumi.Resource]] = {}
 
     def on_node(
         self,
@@ -278,6 +291,16 @@ class RemoteSteps:
                 readable_stdout=readable_stdout,
             )
         )
+
+    def prepare(
+        self, name: str, node: Node, script: Script, *, after: Sequence[pulumi.Resource], timeout: str
+    ) -> remote.Command:
+        """An `on_node` step that also puts the layer's StepLibrary on `node`: every later step there
+        comes after it through its `after` (this machine's earlier steps), and copies the library
+        from the node; steps through the VIP wait for every control plane's."""
+        step = self._register(_Step(name, script, node=node, depends_on=after, timeout=timeout, installs_library=True))
+        self._library_installers[node.name] = (name, step)
+        return step
 
     def host_key(
         self, name: str, node: Node, script: Script, *, after: Sequence[pulumi.Resource], presented: pulumi.Input[str]
@@ -376,6 +399,10 @@ class RemoteSteps:
         lab, script, resource_name = self._lab, step.script, step.name
         secrets, args = script.secrets, script.args
         handles_secrets = bool(secrets) or step.prints_secret
+        installs = self._library if step.installs_library else None
+        if step.installs_library and installs is None:
+            raise ValueError(f"{resource_name}: installs_library, but this layer has no StepLibrary")
+        from_library, library_installers = self._library_source(step)
 
         def bundle(values: Sequence[Any]) -> str:
             secret_values = values[: len(secrets)]
@@ -384,7 +411,15 @@ class RemoteSteps:
             # Every file that holds one of the secrets leaves the step directory when the step ends.
             texts = [t for v in secret_values for t in _secret_texts(v)]
             holding = [name for name, text in files.items() if any(t in text for t in texts)]
-            return step_bundle(resource_name, files, script.entrypoint, arg_values, secret_files=holding)
+            return step_bundle(
+                resource_name,
+                files,
+                script.entrypoint,
+                arg_values,
+                secret_files=holding,
+                installs_library=installs,
+                from_library=from_library,
+            )
 
         stdin: pulumi.Input[str]
         stdin_hash: pulumi.Input[str]
@@ -415,9 +450,12 @@ class RemoteSteps:
         through_vip = (
             [] if step.node is not None else [r for r in self._pins.cluster_presented if r not in step.order_after]
         )
+        # Order only: a node's library comes with a step already among `depends_on` (its prepare),
+        # a step through the VIP waits for every control plane's, with no trigger.
+        library_order = [r for r in library_installers if r not in (*step.depends_on, *step.order_after)]
         options = pulumi.ResourceOptions(
             parent=self._parent,
-            depends_on=[*step.depends_on, *step.order_after, *through_vip],
+            depends_on=[*step.depends_on, *step.order_after, *through_vip, *library_order],
             custom_timeouts=pulumi.CustomTimeouts(create=step.timeout, update=step.timeout, delete=step.delete_timeout),
             additional_secret_outputs=(
                 (["stderr"] if step.readable_stdout else ["stdout", "stderr"]) if handles_secrets else None
@@ -464,6 +502,24 @@ class RemoteSteps:
         )
         return command_resource
 
+    def _library_source(self, step: _Step) -> tuple[tuple[StepLibrary, str] | None, list[pulumi.Resource]]:
+        """Where `step` takes the library from, and the steps that must have installed it first: its
+        node's installer, or, through the VIP, every control plane's (the VIP's SSH port may lead to
+        any of them). None: the step carries the library itself. So do the guards: their delete runs
+        at `destroy` or when a node leaves, on whichever control plane, with the bundle of an earlier
+        `up`, and must not depend on what a node's disk still holds."""
+        library = self._library
+        if library is None or step.installs_library or not step.rerun_on_change:
+            return None, []
+        if step.node is not None:
+            # Ordered by its `after` already (the node's own chain): no extra dependency.
+            installer = self._library_installers.get(step.node.name)
+            return ((library, installer[0]), []) if installer else (None, [])
+        planes = [self._library_installers.get(node.name) for node in self._lab.control_planes]
+        if not all(planes):
+            return None, []
+        return (library, "each control plane's prepare step"), [plane[1] for plane in planes if plane]
+
 
 def _secret_texts(value: Any) -> list[str]:
     """The text by which a secret value shows in a file: a host key by its private key."""
@@ -495,3 +551,4 @@ class _Step:
     triggers: Sequence[pulumi.Input[Any]] | None = None
     delete_before_replace: bool = False
     delete_timeout: str = DELETE_TIMEOUT
+    installs_library: bool = False

@@ -18,12 +18,13 @@ from google.protobuf import json_format
 from pulumi.runtime import rpc
 
 from components import remote as remote_steps
-from components.rendering import bundle_files, host_keys, k8s
+from components.rendering import LIBRARY_ROOT, bundle_files, host_keys, k8s
 from components.tools.offline import RecordingMonitor, run_program
 
 VM = "vsphere:index/virtualMachine:VirtualMachine"
 RULE = "vsphere:index/computeClusterVmAntiAffinityRule:ComputeClusterVmAntiAffinityRule"
 COMMAND = "command:remote:Command"
+K8S_NODES = [f"labs-k8s-m0{i}" for i in (1, 2, 3)] + [f"labs-k8s-w0{i}" for i in (1, 2)]
 COMPONENTS = {
     "labs-k8s:lab:Lab": "labs-k8s",
     "labs-k8s:template:GoldenTemplate": "template",
@@ -1028,3 +1029,49 @@ def test_the_preview_only_path_is_refused_outside_a_preview(monkeypatch, value, 
         run_program("labs", preview=preview, monitor_sink=monitors)
     assert f"{PREVIEW_WITHOUT_SSH_KEY}=" in str(caught.value) and "unset it" in str(caught.value)
     assert monitors[0].registrations == {}
+
+
+# --------------------------------------------------------------------------- the step library
+
+
+def test_each_node_gets_the_step_library_once_and_only_the_guards_carry_it_again(offline_run):
+    """lib.sh and upgrade-lib.sh travel in each Kubernetes node's prepare bundle, which installs them;
+    every later step copies them on its node, by their SHA-256. Carried by every step they were half
+    of a 10-worker lab's state, which the file backend rewrites at each step's start and end. The
+    guards' deletes run with an earlier `up`'s bundle on whichever control plane: they keep theirs."""
+    library = k8s.step_library()
+    lib_text = library.files[k8s.LIB_FILE]
+    carriers, users = set(), set()
+    for reg in offline_run.of_type(COMMAND):
+        stdin = reg.plain_inputs["stdin"]
+        if lib_text in stdin:
+            carriers.add(reg.name)
+        if f"{LIBRARY_ROOT}/{library.digest}/{k8s.LIB_FILE}" in stdin:
+            users.add(reg.name)
+    prepares = {f"{node}-prepare" for node in K8S_NODES}
+    guards = {f"{node}-leave-cluster" for node in K8S_NODES} | {"teardown-guard"}
+    assert carriers == prepares | guards
+    assert {"labs-k8s-m01-kubeadm-init", "labs-k8s-w01-kubeadm-join", "labs-k8s-w01-upgrade-drain"} <= users
+    assert not users & guards
+    for name in prepares:
+        assert (
+            f'mv -T -- "$library_new" {LIBRARY_ROOT}/{library.digest}\n'
+            in offline_run.by_name(name).plain_inputs["stdin"]
+        )
+
+
+def test_a_step_through_the_vip_copies_the_library_only_after_every_control_plane_has_it(offline_run):
+    """HAProxy may send the session to any healthy control plane (remote.cluster_connection)."""
+    library = k8s.step_library()
+    through_vip = [
+        reg
+        for reg in offline_run.of_type(COMMAND)
+        if reg.plain_inputs["connection"]["host"] == "10.3.60.100"
+        and f"{LIBRARY_ROOT}/{library.digest}/" in reg.plain_inputs["stdin"]
+    ]
+    assert {"verify-cluster", "kubeconfig", "flannel", "labs-k8s-w02-refresh-join-material"} <= {
+        reg.name for reg in through_vip
+    }
+    for reg in through_vip:
+        direct = {urn.rsplit("::", 1)[-1] for urn in reg.dependencies}
+        assert {f"labs-k8s-m0{i}-prepare" for i in (1, 2, 3)} <= direct, reg.name

@@ -12,7 +12,7 @@ import pytest
 from components import remote
 
 COMPONENTS = Path(remote.__file__).resolve().parent
-KINDS = ("host_key", "on_node", "through_vip", "guard", "upgrade")
+KINDS = ("host_key", "on_node", "prepare", "through_vip", "guard", "upgrade")
 MOST_ARGUMENTS = 8
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from components.rendering import STEP_ROOT, bundle_files, read_file, step_bundle
+from components.rendering import LIBRARY_ROOT, STEP_ROOT, StepLibrary, bundle_files, read_file, step_bundle
 
 
 def _run(tmp_path: Path, script: str, secret_files: tuple[str, ...]) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -72,3 +72,61 @@ def test_a_script_travels_as_text_not_a_third_larger() -> None:
 def test_the_bundle_reads_back_as_the_files_it_writes() -> None:
     files = {"run.sh": "exit 0\n", **AWKWARD_TEXTS}
     assert bundle_files(step_bundle("probe", files, "run.sh")) == files
+
+
+# --------------------------------------------------------------------------- the step library
+
+LIBRARY = StepLibrary({"lib.sh": 'greet() { echo "hello from $1"; }\n', "extra-lib.sh": "extra=1\n"})
+
+
+def _on_node(tmp_path: Path, bundle: str) -> subprocess.CompletedProcess[str]:
+    """Run a bundle as on a node whose /var/lib/labs-k8s is under tmp_path."""
+    moved = bundle.replace(LIBRARY_ROOT, str(tmp_path / "lib")).replace(STEP_ROOT, str(tmp_path / "steps"))
+    return subprocess.run(["bash", "-s"], input=moved, capture_output=True, text=True, check=False)
+
+
+def _user(library: StepLibrary = LIBRARY) -> str:
+    files = {"run.sh": ". ./lib.sh\ngreet user\n", "lib.sh": library.files["lib.sh"], "params.env": "A=1\n"}
+    return step_bundle("node-join", files, "run.sh", from_library=(library, "node-prepare"))
+
+
+def _installer(library: StepLibrary = LIBRARY) -> str:
+    files = {"run.sh": ". ./lib.sh\ngreet prepare\n", "lib.sh": library.files["lib.sh"]}
+    return step_bundle("node-prepare", files, "run.sh", installs_library=library)
+
+
+def test_a_later_step_takes_the_library_its_nodes_prepare_installed(tmp_path: Path) -> None:
+    user = _user()
+    assert LIBRARY.files["lib.sh"] not in user and "params.env" in user
+    prepared = _on_node(tmp_path, _installer())
+    assert prepared.returncode == 0 and prepared.stdout == "hello from prepare\n", prepared.stderr
+    assert sorted(p.name for p in (tmp_path / "lib" / LIBRARY.digest).iterdir()) == ["extra-lib.sh", "lib.sh"]
+    joined = _on_node(tmp_path, user)
+    assert joined.returncode == 0 and joined.stdout == "hello from user\n", joined.stderr
+
+
+@pytest.mark.parametrize("damage", ["never-installed", "removed", "altered"])
+def test_without_its_library_intact_a_step_stops_and_names_the_step_that_installs_it(
+    tmp_path: Path, damage: str
+) -> None:
+    if damage != "never-installed":
+        assert _on_node(tmp_path, _installer()).returncode == 0
+        lib = tmp_path / "lib" / LIBRARY.digest / "lib.sh"
+        if damage == "removed":
+            lib.unlink()
+        else:
+            lib.write_text("greet() { echo forged; }\n")
+    result = _on_node(tmp_path, _user())
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"lacks the step library {LIBRARY.digest} (lib.sh) that node-prepare installs" in result.stderr
+    assert "--replace" in result.stderr
+
+
+def test_a_new_library_replaces_the_old_one_on_the_node(tmp_path: Path) -> None:
+    newer = StepLibrary({**LIBRARY.files, "lib.sh": 'greet() { echo "hi from $1"; }\n'})
+    assert newer.digest != LIBRARY.digest
+    assert _on_node(tmp_path, _installer()).returncode == 0
+    assert _on_node(tmp_path, _installer(newer)).returncode == 0
+    assert [p.name for p in (tmp_path / "lib").iterdir()] == [newer.digest]
+    assert _on_node(tmp_path, _user(newer)).stdout == "hi from user\n"
+    assert _on_node(tmp_path, _user()).returncode == 1, "a bundle of the old library finds it gone"

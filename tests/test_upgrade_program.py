@@ -191,13 +191,14 @@ def runs() -> dict[str, OfflineRun]:
 # the step reads, not a step it waits for, so the ordering checks below leave the seeds out.
 # Every step through the VIP also waits for the control planes' host-key steps (the shared key in
 # place on all of them: remote.HostPins.cluster_presented, tests/test_program.py): not part of the
-# upgrade chain, so left out below as well.
-SEEDS = ("-host-key-seed", "step-trigger-key", "-host-key")
+# upgrade chain, so left out below as well; and so are the control planes' prepare steps, which
+# install the step library every step through the VIP copies (remote.RemoteSteps.prepare).
+SEEDS = ("-host-key-seed", "step-trigger-key", "-host-key", "-prepare")
 
 
 def direct(run: OfflineRun, name: str) -> set[str]:
     """The steps a step waits for in the upgrade chain: its direct dependencies without the host
-    key seeds and host-key steps."""
+    key seeds, host-key steps and prepare steps."""
     names = {urn.rsplit("::", 1)[-1] for urn in run.by_name(name).dependencies}
     return {n for n in names if not n.endswith(SEEDS)}
 

@@ -37,6 +37,7 @@ bundle, which the bundle writes root-only (0600); never in params.env, never on 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import shlex
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from components.config import CONTAINERD_2_FROM_MINOR, LabConfig, Node, Role
-from components.rendering import STEP_ROOT, read_file, render_template
+from components.rendering import STEP_ROOT, StepLibrary, read_file, render_template
 
 # ------------------------------------------------------------------ entrypoints (module constants)
 PREPARE_ENTRYPOINT = "prepare-node.sh"
@@ -306,6 +307,14 @@ def _script_files(entrypoint: str, params: Mapping[str, ParamValue]) -> dict[str
         LIB_FILE: read_file(f"{_K8S_DIR}/{LIB_FILE}"),
         PARAMS_FILE: render_params(params),
     }
+
+
+@functools.cache
+def step_library() -> StepLibrary:
+    """The scripts' shared functions, which each node's prepare step installs for its later steps
+    (rendering.StepLibrary): the file maps below still list them, and a bundle sends only the
+    files that are not the library's."""
+    return StepLibrary({name: read_file(f"{_K8S_DIR}/{name}") for name in (LIB_FILE, UPGRADE_LIB_FILE)})
 
 
 def _ip(address: ipaddress.IPv4Address) -> str:
