@@ -182,7 +182,8 @@ def empty_state() -> dict[str, Any]:
         "now": 1_800_000_000.0,
         "vip": "10.3.60.100",
         "cert_days": 365,
-        # name -> {ip, role, root, up, kubelet; kubelet_bootstrap, kubelet_crashloop, bootstrap_stalls}
+        # name -> {ip, role, root, up, kubelet; kubelet_bootstrap, kubelet_crashloop, bootstrap_stalls,
+        # registration_lag, registers_in}
         "hosts": {},
         "balancers": {},  # name -> {mac, holds_vip, haproxy}
         "nodes": {},  # Node objects: name -> {labels, unschedulable}
@@ -230,8 +231,22 @@ class Cluster:
         """What happens in the cluster between two commands: here the kubelets' TLS bootstraps and
         their node status reports (the lab in a box's kubelets are daemons of their own and do both
         themselves). The controllers run after it (`run_controllers`)."""
+        self.register_nodes()
         self.bootstrap_kubelets()
         self.post_node_status()
+
+    def register_nodes(self) -> None:
+        """A kubelet registers its Node after it has its certificate, from its own sync loop
+        (pkg/kubelet/kubelet_node_status.go registerWithAPIServer, retried with a backoff up to
+        7 s), not in the same instant: kubeadm join has returned by then (kubelet-wait-bootstrap
+        waits for the certificate only). A test sets `registration_lag` (how many commands later,
+        the model having no clock of its own); the box's kubelets register on their 2 s loop."""
+        for name, host in self.s["hosts"].items():
+            if "registers_in" in host:
+                host["registers_in"] -= 1
+                if host["registers_in"] <= 0:
+                    del host["registers_in"]
+                    self.s["nodes"].setdefault(name, {"labels": {}})
 
     def wait(self, condition: Callable[[], bool], seconds: float) -> bool:
         """Where the real tool waits (up to `seconds`) for something another process does: here the
@@ -323,7 +338,10 @@ class Cluster:
         pem = base64.b64decode(cert).decode() + base64.b64decode(key).decode()
         write(self.root(name), KUBELET_PEM, pem)
         host["kubelet_bootstrap"] = None
-        self.s["nodes"].setdefault(name, {"labels": {}})
+        if host.get("registration_lag"):
+            host["registers_in"] = host["registration_lag"]  # register_nodes
+        else:
+            self.s["nodes"].setdefault(name, {"labels": {}})
 
     def bootstrap_kubelets(self) -> None:
         for name in list(self.s["hosts"]):

@@ -426,6 +426,12 @@ class ClusterLab:
         with self.edit() as state:
             state["hosts"][node]["bootstrap_stalls"] = stalls
 
+    def lag_node_registration(self, node: str, commands: int) -> None:
+        """The node's kubelet registers its Node `commands` stand-in commands after it has its
+        certificate (kube_standin.Cluster.register_nodes), not at once."""
+        with self.edit() as state:
+            state["hosts"][node]["registration_lag"] = commands
+
     def restart_kubelet(self, node: str) -> None:
         """systemd restarts the node's kubelet (kube_standin.Cluster.restart_kubelet)."""
         from kube_standin import Cluster

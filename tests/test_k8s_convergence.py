@@ -424,6 +424,32 @@ def test_a_worker_whose_node_never_registered_is_reset_and_joined_again(lab: Sce
     assert "labs-k8s-w01" in lab.node_objects()
 
 
+def test_a_worker_whose_kubelet_registers_its_node_after_the_join_returns_is_joined(lab: Scenario) -> None:
+    """kubeadm join returns once the kubelet has its certificate; the kubelet registers its Node a
+    moment later. The step judged the join right away, found no Node and failed "not joined
+    (partial)" (the box's 10-worker bench, 2026-12-06): it waits for the registration instead."""
+    ok(lab.init())
+    w01 = lab.h("labs-k8s-w01")
+    lab.lab.lag_node_registration("labs-k8s-w01", 3)
+    result = ok(lab.refresh_and_join("labs-k8s-w01"))
+    assert result.stdout == "joined\n"
+    assert kubeadm_calls(w01) == [["join", "--config"]], "no reset"
+    assert "waiting up to 60s for the kubelet to register Node labs-k8s-w01" in result.stderr
+    assert "labs-k8s-w01" in lab.node_objects()
+    w01.reset_log()
+    assert ok(lab.refresh_and_join("labs-k8s-w01")).stdout == "already-joined\n"
+    assert kubeadm_calls(w01) == []
+
+
+def test_a_worker_whose_node_is_never_registered_fails_after_the_wait(lab: Scenario) -> None:
+    """A bounded wait: a kubelet that never registers its Node leaves the step failed, saying so."""
+    ok(lab.init())
+    lab.lab.lag_node_registration("labs-k8s-w01", 10_000)
+    result = failed(lab.refresh_and_join("labs-k8s-w01"))
+    assert "kubeadm join finished but this node is not joined (partial)" in result.stderr
+    assert "labs-k8s-w01" not in lab.node_objects()
+
+
 def bootstrap_stalled(lab: Scenario, name: str) -> ShellHarness:
     """`name` joins while its kubelet's TLS bootstrap stalls: kubeadm's wait gives up and removes
     bootstrap-kubelet.conf; the kubelet's certificate-less kubelet.conf stays."""

@@ -442,6 +442,12 @@ finish_control_plane_join() {
 # except a control plane whose etcd member already votes: its remaining phases are run instead.
 # The CA hash (public: it pins the cluster CA) comes from refresh-join-material.sh and replaces
 # the placeholder the render left in the file.
+NODE_REGISTRATION_SECONDS=60
+worker_node_registered() {
+    joined_state worker
+    [[ $JOIN_STATE == joined ]]
+}
+
 join_cluster() {
     local role=$1 hash=$2
     local template=${HERE:?}/kubeadm-join.yaml final=${HERE:?}/kubeadm-join.final.yaml
@@ -485,6 +491,13 @@ join_cluster() {
         die "kubeadm join failed (log above). The next 'pulumi up' refreshes the join material, resets this node (removing its etcd member) and joins it again"
     fi
     joined_state "$role"
+    if [[ $role == worker && $JOIN_STATE == partial ]]; then
+        # kubeadm join returns once the kubelet has its client certificate (kubelet-wait-bootstrap);
+        # the kubelet registers its Node after that, from its own loop (kubelet_node_status.go
+        # registerWithAPIServer, a backoff up to 7 s): not yet registered is not half-joined.
+        log "waiting up to ${NODE_REGISTRATION_SECONDS}s for the kubelet to register Node $NODE_NAME"
+        wait_for "$NODE_REGISTRATION_SECONDS" 2 worker_node_registered || true
+    fi
     [[ $JOIN_STATE == joined ]] || die "kubeadm join finished but this node is not joined (${JOIN_STATE}); the next 'pulumi up' resets it and joins again"
     if [[ $role == control-plane ]]; then setup_root_kubeconfig; fi
     result joined
