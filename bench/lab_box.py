@@ -161,6 +161,22 @@ def timed_up(lab: Any) -> dict[str, float]:
     chain = critical_path(spans, deployment["resources"])
     path = sum(end - start for urn, (start, end) in spans.items() if urn in chain)
     running = busy(list(spans.values()))
+    # Where the critical path waited: each of its steps, and the time from the one before it ended
+    # to its start (the engine's share of the path), kept beside the CLI's output for a look later.
+    origin = clock.stamped[0][0]
+    timeline = [
+        {"step": urn.rsplit("::", 1)[1], "start": spans[urn][0] - origin, "end": spans[urn][1] - origin}
+        for urn in chain
+    ]
+    (lab.artifacts / f"bench-up-{len(list(lab.artifacts.glob('bench-up-*')))}.json").write_text(
+        json.dumps(
+            {
+                "wall": wall,
+                "critical_path": timeline,
+                "spans": {u: [a - origin, b - origin] for u, (a, b) in spans.items()},
+            }
+        )
+    )
     # The file backend writes the whole state, and a copy of the last, at each step's start and end
     # (pkg/backend/snapshot.go SnapshotManager.mutate, one save at a time; diy/state.go saveCheckpoint).
     state_mb = len(json.dumps(deployment).encode()) / 1e6
