@@ -161,8 +161,8 @@ def timed_up(lab: Any) -> dict[str, float]:
     chain = critical_path(spans, deployment["resources"])
     path = sum(end - start for urn, (start, end) in spans.items() if urn in chain)
     running = busy(list(spans.values()))
-    # Where the critical path waited: each of its steps, and the time from the one before it ended
-    # to its start (the engine's share of the path), kept beside the CLI's output for a look later.
+    # Where the critical path waited: each step's start and end from the update's first event (a
+    # step's start minus the end of the one before it is the engine's share), beside the CLI's output.
     origin = clock.stamped[0][0]
     timeline = [
         {"step": urn.rsplit("::", 1)[1], "start": spans[urn][0] - origin, "end": spans[urn][1] - origin}

@@ -437,17 +437,18 @@ finish_control_plane_join() {
         die "kubeadm join phase control-plane-join mark-control-plane failed (log above)"
 }
 
-# join_cluster ROLE CA_CERT_HASH: kubeadm join with the rendered JoinConfiguration, once; a node
-# that a previous join left half-way is reset (its etcd member removed first) and joined again,
-# except a control plane whose etcd member already votes: its remaining phases are run instead.
-# The CA hash (public: it pins the cluster CA) comes from refresh-join-material.sh and replaces
-# the placeholder the render left in the file.
+# How long a worker's join waits for its kubelet to register the Node (join_cluster).
 NODE_REGISTRATION_SECONDS=60
 worker_node_registered() {
     joined_state worker
     [[ $JOIN_STATE == joined ]]
 }
 
+# join_cluster ROLE CA_CERT_HASH: kubeadm join with the rendered JoinConfiguration, once; a node
+# that a previous join left half-way is reset (its etcd member removed first) and joined again,
+# except a control plane whose etcd member already votes: its remaining phases are run instead.
+# The CA hash (public: it pins the cluster CA) comes from refresh-join-material.sh and replaces
+# the placeholder the render left in the file.
 join_cluster() {
     local role=$1 hash=$2
     local template=${HERE:?}/kubeadm-join.yaml final=${HERE:?}/kubeadm-join.final.yaml
