@@ -298,6 +298,8 @@ class RemoteSteps:
         """An `on_node` step that also puts the layer's StepLibrary on `node`: every later step there
         comes after it through its `after` (this machine's earlier steps), and copies the library
         from the node; steps through the VIP wait for every control plane's."""
+        if self._library is None:
+            raise ValueError(f"{name}: a prepare step installs this layer's StepLibrary, and it has none")
         step = self._register(_Step(name, script, node=node, depends_on=after, timeout=timeout, installs_library=True))
         self._library_installers[node.name] = (name, step)
         return step
@@ -400,8 +402,6 @@ class RemoteSteps:
         secrets, args = script.secrets, script.args
         handles_secrets = bool(secrets) or step.prints_secret
         installs = self._library if step.installs_library else None
-        if step.installs_library and installs is None:
-            raise ValueError(f"{resource_name}: installs_library, but this layer has no StepLibrary")
         from_library, library_installers = self._library_source(step)
 
         def bundle(values: Sequence[Any]) -> str:
