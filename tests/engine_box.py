@@ -81,6 +81,11 @@ def play_installer(host: str, port: int, user: str, password_file: Path, stop: t
     powered off (a test kills the CLI mid-build that way)."""
     si = None
     hold = password_file.parent / "installer-hold"
+    # Whether each running VM is the builder, read once per VM: its ISO is attached before it
+    # powers on (components/vsphere/template.py attach_iso), and a clone never gets one. Reading
+    # every VM's whole config three times a second (`machine.config`: its user-data included) kept
+    # this process busy on the CPU the box's CLI and hosts share (docs/testing.md, the bench).
+    builders: dict[str, bool] = {}
     while not stop.wait(0.3):
         if hold.exists():
             continue
@@ -89,9 +94,15 @@ def play_installer(host: str, port: int, user: str, password_file: Path, stop: t
                 # Unverified on purpose: this is the harness playing the installer (the box runs
                 # outside the lab's trust store); the program and the provider verify vcsim.
                 si = vs.connect(host, user, password_file.read_text().strip(), port=port, insecure=True)
-            for machine, _ in vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, ["name"]):
+            rows = vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, ["runtime.powerState"])
+            builders = {machine._moId: builders[machine._moId] for machine, _ in rows if machine._moId in builders}
+            for machine, props in rows:
+                if str(props.get("runtime.powerState")) != "poweredOn":
+                    continue
                 try:
-                    if is_builder(machine) and vs.power_state(machine) == "poweredOn":
+                    if machine._moId not in builders:
+                        builders[machine._moId] = is_builder(machine)
+                    if builders[machine._moId]:
                         time.sleep(0.3)
                         vs.power_off(machine)
                 except vmodl.fault.ManagedObjectNotFound:
@@ -135,25 +146,49 @@ def clone_facts(props: dict[str, object], vm: str = "") -> dict[str, object] | N
     }
 
 
+# What each poll reads of every VM: enough to see one come, go, or change power state. A VM's
+# extraConfig (its user-data, tens of KB) and devices are read only when that changes: reading them
+# for every VM twice a second kept this process at half a core and vcsim at a fifth (pyvmomi parses
+# every byte), CPU the hosts and the CLI share on the box (docs/testing.md, the bench).
+CLONE_STATE_PROPERTIES = ["config.uuid", "config.template", "runtime.powerState"]
+
+
+def object_properties(si: vim.ServiceInstance, obj: vim.ManagedEntity, props: list[str]) -> dict[str, object]:
+    """`props` of one object in one round trip ({} when it is gone)."""
+    spec = vmodl.query.PropertyCollector.FilterSpec(
+        objectSet=[vmodl.query.PropertyCollector.ObjectSpec(obj=obj, skip=False)],
+        propSet=[vmodl.query.PropertyCollector.PropertySpec(type=type(obj), pathSet=props)],
+    )
+    result = si.content.propertyCollector.RetrievePropertiesEx([spec], vmodl.query.PropertyCollector.RetrieveOptions())
+    if result is None or not result.objects:
+        return {}
+    return {prop.name: prop.val for prop in result.objects[0].propSet or []}
+
+
 def watch_clones(host: str, port: int, user: str, password_file: Path, stop: threading.Event) -> None:
     """Print a CLONE line whenever a clone is powered on or off, or goes (module docstring)."""
     si = None
     known: dict[str, dict[str, object]] = {}
+    # Per VM: its CLONE_STATE_PROPERTIES when last read whole, and its facts then (None: not a clone).
+    read: dict[str, tuple[tuple[object, ...], dict[str, object] | None]] = {}
     addresses = password_file.parent / "guest-addresses.json"
     applied: dict[str, str] = {}
     while not stop.wait(0.5):
         try:
             if si is None:
                 si = vs.connect(host, user, password_file.read_text().strip(), port=port, insecure=True)
-            rows = vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, CLONE_PROPERTIES)
+            rows = vs.collect_properties(si, si.content.rootFolder, vim.VirtualMachine, CLONE_STATE_PROPERTIES)
+            for machine, props in rows:
+                mark = tuple(str(props.get(name)) for name in CLONE_STATE_PROPERTIES)
+                if machine._moId not in read or read[machine._moId][0] != mark:
+                    whole = object_properties(si, machine, CLONE_PROPERTIES)
+                    read[machine._moId] = (mark, clone_facts(whole, machine._moId))
         except (vs.VSphereError, vim.fault.NotAuthenticated, vmodl.fault.ManagedObjectNotFound, OSError):
             si = None
             continue
-        seen: dict[str, dict[str, object]] = {}
-        for machine, props in rows:
-            facts = clone_facts(props, machine._moId)
-            if facts is not None:
-                seen[str(facts["vm"])] = facts
+        present = {machine._moId for machine, _ in rows}
+        read = {vm: entry for vm, entry in read.items() if vm in present}
+        seen = {vm: facts for vm, (_, facts) in read.items() if facts is not None}
         # What went first: a VM replaced between two polls (deleted, then a new one under the same
         # name, address and MAC) leaves before the new one comes.
         for vm in known.keys() - seen.keys():
