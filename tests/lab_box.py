@@ -74,6 +74,52 @@ BRIDGE = "lk8s-box0"
 GATEWAY_MAC = "02:00:0a:03:3c:01"  # locally administered
 
 
+# The hosts' CPU. On vSphere each node is a VM with vCPUs of its own; in the box, every host shares
+# this machine's cores with the CLI. With the scheduler's autogroups (sched_autogroup_enabled, on by
+# default) every session gets an equal share, and every host (start_new_session) and every SSH
+# session in it (sshd calls setsid) is a session of its own, so fifteen booting hosts left the CLI,
+# its plugins and the program a sixteenth of the machine, and the engine's own work (checkpoints,
+# scheduling) was timed as the wait for CPU. All hosts run in one cgroup of its own, whose CPU
+# weight is one session's: together they get at most half the machine while the CLI wants CPU, and
+# all of it while it does not (a task outside the root cgroup has no autogroup:
+# kernel/sched/autogroup.c task_wants_autogroup).
+CGROUP_V2 = Path("/sys/fs/cgroup")
+CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
+
+
+def hosts_cpu_group(name: str) -> Path | None:
+    """A new cgroup `name` with the CPU controller at the default weight, or None (no writable
+    cgroup with one here: the hosts then share CPU as any other process does, and the box says so)."""
+    try:
+        if (CGROUP_V2 / "cgroup.controllers").exists():
+            if "cpu" not in (CGROUP_V2 / "cgroup.subtree_control").read_text().split():
+                (CGROUP_V2 / "cgroup.subtree_control").write_text("+cpu")
+            group = CGROUP_V2 / name
+        elif (CGROUP_V1_CPU / "cpu.shares").exists():
+            group = CGROUP_V1_CPU / name
+        else:
+            return None
+        group.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return group
+
+
+def remove_cpu_group(group: Path, timeout: float = 10) -> None:
+    """rmdir, once the killed hosts' last tasks have left it (EBUSY until then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _ip(*args: str) -> None:
     result = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     assert result.returncode == 0, f"ip {' '.join(args)}: {result.stderr}"
@@ -215,9 +261,14 @@ class LabBox:
     # The cluster stores `forget_cluster_without_members` took away, as the last member's VM left them.
     forgotten_clusters: list[dict[str, Any]] = field(default_factory=list)
     _count: int = 0
+    cpu_group: Path | None = None  # hosts_cpu_group: where every host runs
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        self.cpu_group = hosts_cpu_group(f"labs-k8s-box-{os.getpid()}-{self.root.name}")
+        if self.cpu_group is None:
+            print("labs-k8s box: no writable cgroup with a CPU controller: the hosts compete with the CLI "
+                  "for CPU as sessions of their own", flush=True)  # fmt: skip
         self.store.mkdir(mode=0o700, exist_ok=True)
         self.modules = modules_index(self.root, self.rootfs)
         # A fixed MAC: a bridge without one takes its ports' lowest, so it changed whenever a VM
@@ -307,8 +358,13 @@ class LabBox:
         data = [str(host.directory / "data-disk.img"), disk.mount_point] if disk is not None else []
         host.boots += 1
         log = (host.directory / "host.log").open("ab")
+        # The host's first process joins the hosts' cgroup before it execs the rest, so that every
+        # process of the host (and of its SSH sessions) is born in it.
+        join: list[str] = []
+        if self.cpu_group is not None:
+            join = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cpu_group / "cgroup.procs")]
         host.proc = subprocess.Popen(
-            ["ip", "netns", "exec", host.netns, "unshare", "--mount", "--uts", "--pid", "--fork",
+            [*join, "ip", "netns", "exec", host.netns, "unshare", "--mount", "--uts", "--pid", "--fork",
              "--propagation", "private", "bash", str(HOST_BOOT), str(host.directory / "root"), str(self.rootfs),
              str(host.upper), str(host.directory / "work"), *data],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
@@ -448,3 +504,5 @@ class LabBox:
             for host in list(self.hosts.values()):
                 self._halt(host)
                 self.keep_logs(host)
+            if self.cpu_group is not None:
+                remove_cpu_group(self.cpu_group)

@@ -53,7 +53,7 @@ from tests.firstboot import sealed_rootfs
 from tests.lab_box import SSHD_LOG, SYSLOG, DataDiskImage, LabBox, NodeHost
 from tests.labs import make_lab_config
 from tests.pulumi_engine import EngineLab, Result, readme_setup, start_lab, stop_lab
-from tests.requirements import require_root, require_tool
+from tests.requirements import require_root, require_tool, unavailable
 from tests.standin_iso import build_standin_netinst
 from tests.test_real_engine import ISO_NAME, assert_no_clear_secret
 
@@ -220,6 +220,7 @@ def run_scenario(box: Box) -> None:
     box.stages["cluster_up"] = lab.make("up", args="--yes --parallel 16", timeout=2400)
     if not box.stages["cluster_up"].ok:
         return
+    box.stages["cpu_groups"] = {name: cpu_groups(hosts.by_name(name)) for name in NODES}
     box.stages["balancers"] = {name: balancer_facts(hosts.by_name(name)) for name in BALANCERS}
     box.stages["cluster"] = cluster_facts(box)
     box.stages["kubeconfig"] = kubeconfig_through_vip(box)
@@ -673,6 +674,20 @@ def ran(host: NodeHost, *argv: str, timeout: float = 120) -> str:
     return f"[{result.returncode}] {(result.stdout + result.stderr).strip()}"
 
 
+def cpu_groups(host: NodeHost) -> list[str]:
+    """The CPU cgroup of each process in the host's network namespace (its daemons, and what its
+    steps started through SSH sessions): /proc/PID/cgroup's line for the cpu controller (v1) or
+    the unified one (v2)."""
+    pids = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=True)
+    groups = []
+    for pid in pids.stdout.split():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            lines = [line.split(":", 2) for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()]
+            cpu = [path for _, controllers, path in lines if "cpu" in controllers.split(",")]
+            groups.append((cpu or [path for number, _, path in lines if number == "0"])[0])
+    return groups
+
+
 def balancer_facts(host: NodeHost) -> dict[str, str]:
     return {
         "haproxy": ran(host, "/etc/init.d/haproxy", "status"),
@@ -774,6 +789,20 @@ def test_the_whole_make_up_builds_the_cluster_on_the_hosts_through_the_vip(box: 
     fetched = box.mirror_log.read_text()
     assert re.search(r" 200 \S*/pkgs\.k8s\.io/core:/stable:/v1\.35/deb/InRelease", fetched), fetched[-2000:]
     assert re.search(r" 200 \S*/download\.docker\.com/linux/debian/dists/\S+/containerd\.io_", fetched), fetched[-2000:]
+
+
+def test_every_process_of_every_host_runs_in_the_hosts_cpu_group(box: Box) -> None:
+    """The hosts are the VMs: each host's processes, its SSH sessions' included (each a session,
+    so an autogroup, of its own), run in the one cgroup of the hosts (tests/lab_box.py
+    hosts_cpu_group), so that the hosts together do not starve the CLI of CPU."""
+    assert_ok(box, "cluster_up")
+    if box.hosts.cpu_group is None:
+        unavailable("no writable cgroup with a CPU controller here: the hosts share CPU as other processes do")
+    group = "/" + box.hosts.cpu_group.name
+    groups = box.stages["cpu_groups"]
+    assert set(groups) == set(NODES)
+    for name, paths in groups.items():
+        assert len(paths) >= 3 and set(paths) == {group}, (name, paths)
 
 
 def test_the_kubeconfig_output_works_through_the_vip(box: Box) -> None:
