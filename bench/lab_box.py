@@ -15,6 +15,8 @@ with every clone a host of the box (tests/lab_box.py), prints:
   it with steps running but none of the critical path;
 - the size of the state that `make up` left, which the file backend writes whole, and a copy of
   the last, at the start and the end of every step (pkg/backend/snapshot.go, one save at a time);
+- the CPU time of `make up`'s processes (the CLI, its plugins, the program): on the box they share
+  the machine's cores with the hosts (tests/lab_box.py hosts_cpu_group);
 - the wall time of a no-change `make up`;
 - the time from the VIP holder's power-off in vcsim to the VIP answering again from the other
   balancer.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 import threading
@@ -152,9 +155,13 @@ def timed_up(lab: Any) -> dict[str, float]:
     (the steps that wait for the first boot included), its overhead in the PARTS, which add up
     to wall minus path, the size of the state it left and how many steps it ran."""
     started = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with EventClock(lab.next_make_events("up")) as clock:
         up = lab.make("up", args="--yes", timeout=3600, cli_parallel=True)
     wall = time.monotonic() - started
+    # The make's process tree is the only child that ends meanwhile (the box's hosts and vcsim run on).
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert up.ok, up.output[-3000:]
     spans = step_spans(clock.stamped)
     deployment = lab.stack_export()["deployment"]
@@ -183,6 +190,7 @@ def timed_up(lab: Any) -> dict[str, float]:
     return {
         "state MB": state_mb,
         "steps": len(spans),
+        "cpu": cpu,
         "wall": wall,
         "path": path,
         "outside": wall - clock.span(),
@@ -215,6 +223,7 @@ def measure(label: str, root: Path, workers: list[tuple[str, str]] | None) -> No
                 print(f"{label}:     {figures[part]:5.1f} s {what}")
             steps, size = int(figures["steps"]), figures["state MB"]
             print(f"{label}:   state after it: {size:.1f} MB, written whole at the start and end of its {steps} steps")
+            print(f"{label}:   CPU of make up's processes (the CLI, its plugins, the program): {figures['cpu']:.1f} s")
             if run == "template built":
                 started = time.monotonic()
                 again = lab.make("up", args="--yes", timeout=1800, cli_parallel=True)
