@@ -492,8 +492,25 @@ def test_pods_never_rescheduled_fails_and_cleans_up(sim: SimLab) -> None:
     assert double.pods is None and double.deleted == 1  # the deployment is removed anyway
 
 
+@pytest.fixture
+def ctrl_c_reaches_the_process() -> Iterator[None]:
+    """SIGINT as a drill started from a terminal has it: Python's default_int_handler.
+
+    A process started in the background by a shell without job control (`cmd &` in a
+    script, nohup) inherits SIGINT ignored, and Python then leaves it ignored (POSIX:
+    ignored signals stay ignored across exec), so these tests would see no Ctrl-C at all.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_reaches_the_process")
 @pytest.mark.parametrize("how", ["raise", "SIGINT", "SIGTERM"])
 def test_ctrl_c_mid_drill_restores_power_and_deployment(sim: SimLab, how: str) -> None:
+    sigterm_before = signal.getsignal(signal.SIGTERM)
     double = sim.double(interrupt=("node_ready", how))  # while waiting for the dead worker's NotReady
     result = sim.run("worker", double)
 
@@ -510,8 +527,10 @@ def test_ctrl_c_mid_drill_restores_power_and_deployment(sim: SimLab, how: str) -
         "verdict: INTERRUPTED",
     )
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+    assert signal.getsignal(signal.SIGTERM) is sigterm_before
 
 
+@pytest.mark.usefixtures("ctrl_c_reaches_the_process")
 def test_second_ctrl_c_during_restore_is_ignored(sim: SimLab) -> None:
     double = sim.double(interrupt=("node_ready", "raise"), interrupt_in_restore=True)
     result = sim.run("worker", double)
