@@ -43,6 +43,7 @@ from components import vsphere as vs
 from components.tools.cli import main as components_main
 from components.tools.drills.cluster import (
     DRAIN_FLAGS,
+    ClusterError,
     EtcdStatus,
     KubectlCluster,
     deployment_manifest,
@@ -820,6 +821,62 @@ def test_kubectl_cluster_commands_and_kubeconfig_file(tmp_path: Path) -> None:
     execs = [c["args"] for c in calls if "exec" in c["args"]]
     assert execs and all("--cacert=/etc/kubernetes/pki/etcd/ca.crt" in a for a in execs)
     assert any(a[-4:] == ["status", "--cluster", "-w", "json"] for a in execs)
+
+
+BROKEN_HEALTH_KUBECTL = textwrap.dedent(
+    """\
+    #!{python}
+    # kubectl whose exec into etcd-labs-k8s-m01 breaks after `member list`, as when the API
+    # server's stream to the pod's kubelet fails or etcdctl dies before it checks an endpoint.
+    import json, sys
+    args = sys.argv[1:]
+    if "--raw" in args:
+        path = args[args.index("--raw") + 1]
+        if "component%3Detcd" in path:
+            print(json.dumps({{"items": [
+                {{"metadata": {{"name": f"etcd-labs-k8s-{{n}}"}}, "spec": {{"nodeName": f"labs-k8s-{{n}}"}},
+                 "status": {{"phase": "Running"}}}} for n in ("m01", "m03")]}}))
+        else:
+            print(json.dumps({{"status": {{"conditions": [{{"type": "Ready", "status": "True"}}]}}}}))
+        sys.exit(0)
+    pod, tail = args[args.index("exec") + 1], args[args.index("--") + 1:]
+    if "member" in tail:
+        print(json.dumps({{"members": [{{"ID": 1}}, {{"ID": 2}}, {{"ID": 3}}]}}))
+    elif pod in {broken!r}:
+        print("Error from server: error dialing backend: dial tcp 10.3.60.51:10250: i/o timeout", file=sys.stderr)
+        sys.exit(1)
+    elif "health" in tail:
+        print(json.dumps([{{"endpoint": f"https://10.3.60.5{{i}}:2379", "health": i != 2}} for i in (1, 2, 3)]))
+        print("Error: unhealthy cluster", file=sys.stderr)
+        sys.exit(1)
+    else:
+        print(json.dumps([{{"Endpoint": "https://10.3.60.53:2379",
+                           "Status": {{"header": {{"member_id": 3}}, "leader": 3}}}}]))
+    """
+)
+
+
+@pytest.mark.parametrize("broken", [["etcd-labs-k8s-m01"], ["etcd-labs-k8s-m01", "etcd-labs-k8s-m03"]])
+def test_an_etcd_health_check_that_printed_no_report_is_not_read_as_quorum_lost(
+    tmp_path: Path, broken: list[str]
+) -> None:
+    """CI, 2026-12-06: the control-plane drill failed with "etcd lost quorum: 0 of 3 healthy" while
+    2 of 3 members were up: `endpoint health` through one pod printed nothing (most likely the pod of
+    the member just powered off, its node still Ready for the grace period: `member list` answered,
+    then its kubelet stopped answering the exec, 10 s of dial), which counted as no member healthy.
+    No report is "cannot tell": the next etcd pod is asked, and when none reports, ClusterError
+    (the drill's wait polls again) instead of a verdict."""
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(BROKEN_HEALTH_KUBECTL.format(python=sys.executable, broken=broken))
+    kubectl.chmod(0o755)
+    with KubectlCluster(FAKE_KUBECONFIG, f"https://{VIP}:6443", kubectl=str(kubectl)) as cluster:
+        if len(broken) == 1:
+            status = cluster.etcd_status()
+            assert status == EtcdStatus(members=3, healthy=2, leaders=1, leader_ip="10.3.60.53")
+            assert status.has_quorum
+        else:
+            with pytest.raises(ClusterError, match=r"endpoint health printed no report: .*error dialing backend"):
+                cluster.etcd_status()
 
 
 def test_deployment_manifest_tolerates_unreachable_for_30s() -> None:

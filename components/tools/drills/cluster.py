@@ -333,6 +333,11 @@ class KubectlCluster:
                 errors.append(f"{pod}: {members.stderr.strip()[-200:]}")
                 continue
             health = self._etcdctl(pod, "endpoint", "health", "--cluster", "-w", "json")
+            if not isinstance(_json_prefix(health.stdout), list):
+                # No report at all (the exec broke, or etcdctl died before checking) says nothing
+                # about the members: read as "0 healthy" it failed a drill whose quorum held.
+                errors.append(f"{pod}: endpoint health printed no report: {health.stderr.strip()[-200:]}")
+                continue
             status = self._etcdctl(pod, "endpoint", "status", "--cluster", "-w", "json")
             self._last_etcd_pod = pod
             return parse_etcd_status(members.stdout, health.stdout, status.stdout)
