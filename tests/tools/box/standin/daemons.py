@@ -62,6 +62,22 @@ def log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
+# The daemons' listeners. Go's net.Listen asks for the kernel's somaxconn (net/sock_linux.go
+# maxListenerBacklog; 4096 since Linux 5.4); socketserver listens with 5, so a host whose daemon
+# is starved for a second would drop SYNs that the real etcd, kubelet or API server queues, and a
+# 1 s dial (an etcd peer probe) would see a live member as down.
+class _TCPServer(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+    request_queue_size = socket.SOMAXCONN
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+    request_queue_size = socket.SOMAXCONN
+
+
 # ----------------------------------------------------------------------------------------- containerd
 
 
@@ -165,7 +181,7 @@ def kubelet_main(args: list[str]) -> int:
         ca = bootstrap[1].ca_pem or ""
         model.write(Path("/"), str(KUBELET_CONF), bootstrap_kubeconfig(bootstrap[0], ca))
         log(f"Client rotation is on, will bootstrap in background (server {bootstrap[0]})")
-    healthz = http.server.ThreadingHTTPServer(("127.0.0.1", net.KUBELET_HEALTHZ_PORT), _Healthz)
+    healthz = _HTTPServer(("127.0.0.1", net.KUBELET_HEALTHZ_PORT), _Healthz)
     threading.Thread(target=healthz.serve_forever, daemon=True).start()
     # The kubelet's API port, which the API server dials for `kubectl exec` (the stand-in kubectl
     # runs etcdctl itself: here a connection is only accepted, so a live kubelet answers and a
@@ -333,11 +349,6 @@ def static_pod_main(args: list[str]) -> int:
 # -------------------------------------------------------------------------------------------- etcd
 
 
-class _TCPServer(socketserver.ThreadingTCPServer):
-    allow_reuse_address = True
-    daemon_threads = True
-
-
 def etcd_main() -> int:
     ip = box.local_ip()
     peer = f"https://{ip}:{net.ETCD_PEER_PORT}"
@@ -378,10 +389,10 @@ def etcd_main() -> int:
         def log_message(self, *_: object) -> None:
             pass
 
-    servers = [_TCPServer((ip, net.ETCD_PEER_PORT), Peer)]
+    servers: list[socketserver.TCPServer] = [_TCPServer((ip, net.ETCD_PEER_PORT), Peer)]
     for address in ("127.0.0.1", ip):
-        client = http.server.ThreadingHTTPServer((address, net.ETCD_CLIENT_PORT), Client)
-        servers.append(client)  # type: ignore[arg-type]
+        client = _HTTPServer((address, net.ETCD_CLIENT_PORT), Client)
+        servers.append(client)
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     log(f"etcd member {me['id']:x} ({peer}) serving")
@@ -567,10 +578,7 @@ def apiserver_main(version: str) -> int:
     context.load_verify_locations(str(pki / "ca.crt"))
     context.verify_mode = ssl.CERT_OPTIONAL  # a client certificate, or a token, or anonymous
 
-    class TLSServer(http.server.ThreadingHTTPServer):
-        allow_reuse_address = True
-        daemon_threads = True
-
+    class TLSServer(_HTTPServer):
         def get_request(self) -> tuple[socket.socket, Any]:
             raw, address = super().get_request()
             raw.settimeout(10.0)
