@@ -826,7 +826,7 @@ def test_kubectl_cluster_commands_and_kubeconfig_file(tmp_path: Path) -> None:
 BROKEN_HEALTH_KUBECTL = textwrap.dedent(
     """\
     #!{python}
-    # kubectl whose exec into etcd-labs-k8s-m01 breaks after `member list`, as when the API
+    # kubectl whose exec into each pod in `broken` breaks after `member list`, as when the API
     # server's stream to the pod's kubelet fails or etcdctl dies before it checks an endpoint.
     import json, sys
     args = sys.argv[1:]
