@@ -39,6 +39,8 @@ packages=(
   # the lab in a box's signed apt repositories of stand-in packages (tests/box_repo.py): dpkg-deb
   # builds them, apt-ftparchive (apt-utils) writes their indices and Release, gpg signs them
   apt-utils gnupg
+  # tests/test_interrupted_dpkg.py: strace kills dpkg at an exact point of a package's install
+  strace
   # vcsim and the Pulumi toolchain are built with the machine's own Go from Go modules
   # (tests/tools/build_vcsim.sh, build_toolchain.sh): never Debian's golang-go (1.19, too old).
 )

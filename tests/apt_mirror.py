@@ -26,6 +26,7 @@ carries a Valid-Until a week ahead, and apt refuses an expired one ("Release fil
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import http.server
 import json
@@ -112,6 +113,15 @@ def snapshot_key(rootfs: Path, packages: Sequence[str]) -> str:
 def record(rootfs: Path, packages: Sequence[str], cache: Path) -> Path:
     """A snapshot for `packages` on a node made from `rootfs` (module docstring), cached in `cache`."""
     final = cache / f"snapshot-{snapshot_key(rootfs, packages)}"
+    cache.mkdir(parents=True, exist_ok=True)
+    # Tests on other xdist workers ask for the same snapshot (the box, tests/test_interrupted_dpkg.py):
+    # one records it, the others wait and use it.
+    with (cache / "record.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _recorded(rootfs, packages, cache, final)
+
+
+def _recorded(rootfs: Path, packages: Sequence[str], cache: Path, final: Path) -> Path:
     meta = final / "snapshot.json"
     if meta.is_file() and time.time() - json.loads(meta.read_text())["recorded_at"] < MAX_AGE_SECONDS:
         return final

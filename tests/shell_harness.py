@@ -72,8 +72,22 @@ DEFAULT_STUBS: dict[str, str] = {
     "timedatectl": "exit 0",
     "ufw": "exit 0",
     "sysctl": "if [[ $1 == -n ]]; then echo 1; fi",
-    # --configure -a finishes what an interrupted run left ($STATE/dpkg-interrupted, see apt-get.bash).
-    "dpkg": 'case $1 in --print-architecture) echo amd64 ;; --configure) rm -f "$STATE/dpkg-interrupted" ;; esac',
+    # --configure -a finishes what an interrupted run left ($STATE/dpkg-interrupted, see apt-get.bash),
+    # and refuses a package dpkg left half unpacked ($STATE/dpkg-reinstreq, one name per line: the
+    # reinst-required flag; dpkg's src/main/configure.c), which only a reinstall clears.
+    "dpkg": r"""
+case $1 in
+    --print-architecture) echo amd64 ;;
+    --configure)
+        rm -f "$STATE/dpkg-interrupted"
+        if [[ -s $STATE/dpkg-reinstreq ]]; then
+            printf 'dpkg: error processing package %s (--configure):\n' "$(head -n 1 "$STATE/dpkg-reinstreq")" >&2
+            printf ' package is in a very bad inconsistent state; you should\n' >&2
+            printf ' reinstall it before attempting configuration\n' >&2
+            exit 1
+        fi ;;
+esac
+""",
     # gpg on the key files curl "downloaded" (their body names the repository): --show-keys gives
     # the primary key's fingerprint ($STATE/gpg-fpr-<repo> overrides it), --import keeps the file
     # in the throwaway GNUPGHOME and --export gives it back. tests/test_k8s_scripts.py runs the
@@ -110,7 +124,16 @@ case $verb in
 esac
 """,
     "dpkg-query": r"""
-fmt=$2; pkg=$3
+fmt=$2; pkg=${3:-}
+if [[ -z $pkg ]]; then
+    # -W alone: every package, as finish_interrupted_dpkg asks ('${db:Status-Eflag} ${binary:Package}=${Version}').
+    for f in "$STATE"/dpkg/*; do
+        [[ -f $f ]] || continue
+        eflag=ok; grep -qxF "${f##*/}" "$STATE/dpkg-reinstreq" 2>/dev/null && eflag=reinstreq
+        printf '%s %s=%s\n' "$eflag" "${f##*/}" "$(cat "$f")"
+    done
+    exit 0
+fi
 [[ -f $STATE/dpkg/$pkg ]] || exit 1
 case $fmt in
     *Status*) printf 'install ok installed' ;;
@@ -132,6 +155,12 @@ for a in "$@"; do
 done
 case $verb in
     install)
+        # A package dpkg left half unpacked fails every run of dpkg until it is reinstalled.
+        if [[ " $* " == *" --reinstall "* ]]; then
+            for p in "${pkgs[@]}"; do sed -i "/^${p%%=*}\$/d" "$STATE/dpkg-reinstreq" 2>/dev/null || true; done
+        elif [[ -s $STATE/dpkg-reinstreq ]]; then
+            echo "E: Sub-process /usr/bin/dpkg returned an error code (1)" >&2; exit 100
+        fi
         for p in "${pkgs[@]}"; do
             name=${p%%=*}; version=${p#*=}
             if [[ $name == "$p" ]]; then version=$(head -n 1 "$STATE/repo/$name" 2>/dev/null || echo 1.0); fi

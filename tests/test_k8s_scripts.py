@@ -263,6 +263,22 @@ def test_prepare_node_finishes_a_dpkg_run_an_earlier_attempt_left_interrupted(
     assert h.calls_matching("apt-get", "install", "kubeadm=1.36.0-1.1")
 
 
+def test_prepare_node_reinstalls_a_package_dpkg_left_half_unpacked(harness: ShellHarness, cfg: LabConfig) -> None:
+    """Cut off while dpkg unpacked a package, an earlier prepare left it reinst-required: `dpkg
+    --configure -a` refuses it and apt's installs fail while it is so (the lab in a box's balancer,
+    tests/test_interrupted_dpkg.py with the real dpkg). The retry reinstalls it at the version dpkg
+    recorded, before the step's own installs."""
+    h = harness
+    fresh_debian_node(h)
+    h.set_state("dpkg/containerd.io", "1.7.28-1~debian.12~bookworm")
+    h.set_state("dpkg-reinstreq", "containerd.io\n")
+    h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
+    ok(h.run(k8s.PREPARE_ENTRYPOINT))
+    reinstall = call_index(h, "apt-get", "install", "--reinstall", "containerd.io=1.7.28-1~debian.12~bookworm")
+    assert call_index(h, "apt-get", "update") < reinstall < call_index(h, "apt-get", "install", "kubeadm=1.36.0-1.1")
+    assert (h.state / "dpkg-reinstreq").read_text() == ""
+
+
 def test_prepare_node_control_plane_puts_etcd_on_the_data_disk(harness: ShellHarness, cfg: LabConfig) -> None:
     h = harness
     fresh_debian_node(h, data_disk_gib=20)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from components.config import LabConfig, LabConfigError, load_lab_config
-from components.rendering import CLOUDINIT_DIR, STEP_ROOT, bundle_files, lb, step_bundle
+from components.rendering import CLOUDINIT_DIR, INTERRUPTED_DPKG_FILE, STEP_ROOT, bundle_files, lb, step_bundle
 from tests.labs import namespace
 from tests.netns_lab import TEST_VRRP_PASSWORD, ensure_script_user
 from tests.requirements import require_root, require_tool
@@ -260,6 +260,7 @@ def test_keepalived_single_balancer_holds_the_vip_alone() -> None:
         "keepalived.conf",
         "check_apiserver.sh",
         "setup-balancer.sh",
+        "interrupted-dpkg.sh",
     }
 
 
@@ -287,7 +288,13 @@ def test_balancer_must_belong_to_the_lab(labs: LabConfig) -> None:
 
 def test_balancer_files_make_a_valid_step_bundle(labs: LabConfig) -> None:
     files = lb.balancer_files(labs, labs.balancers[1], TEST_VRRP_PASSWORD)
-    assert set(files) == {"haproxy.cfg", "keepalived.conf", "check_apiserver.sh", lb.SETUP_SCRIPT}
+    assert set(files) == {
+        "haproxy.cfg",
+        "keepalived.conf",
+        "check_apiserver.sh",
+        lb.SETUP_SCRIPT,
+        INTERRUPTED_DPKG_FILE,
+    }
     assert "state BACKUP" in files["keepalived.conf"]
     bundle = step_bundle(lb.STEP_NAME, files, lb.SETUP_SCRIPT)
     assert f"exec bash ./{lb.SETUP_SCRIPT}" in bundle
@@ -348,7 +355,9 @@ def test_shellcheck_every_balancer_script(variant: LabConfig, workdir: Path) -> 
     rendered.write_text(lb.render_check_script(variant))
     for script in [*scripts, rendered]:
         result = subprocess.run(
-            ["shellcheck", "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True
+            ["shellcheck", "--shell=bash", "--external-sources", "--severity=style", str(script)],
+            capture_output=True,
+            text=True,
         )
         assert result.returncode == 0, f"{script.name}:\n{result.stdout}"
 

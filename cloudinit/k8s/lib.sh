@@ -511,17 +511,18 @@ APT_INSTALL=(apt-get install -y -q --no-install-recommends
     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
 KUBERNETES_LIST=$ROOT/etc/apt/sources.list.d/kubernetes.list
 
+# shellcheck source-path=SCRIPTDIR/../node source=interrupted-dpkg.sh
+. "$(dirname "${BASH_SOURCE[0]}")/interrupted-dpkg.sh"
+
 APT_FRESH=0
 apt_update() {
     if ((APT_FRESH == 0)); then
-        # A step cut off while dpkg unpacked or configured (the VM powered off, the step's deadline)
-        # leaves dpkg "interrupted": apt then refuses every install until `dpkg --configure -a`
-        # finishes it (apt's own advice). Nothing pending: a no-op. Found by the lab in a box (#31).
-        dpkg --configure -a --force-confold ||
-            die "dpkg --configure -a failed: a package half installed by an earlier run cannot be configured"
         log "apt-get update"
         apt-get update -q -o Acquire::Retries=3 ||
             die "apt-get update failed: are the repositories (Debian's, labs-k8s:mirrors.kubernetesRepository.url, labs-k8s:mirrors.containerdRepository.url, or labs-k8s:mirrors.aptProxy) reachable from this node?"
+        # A step cut off while dpkg worked (the VM powered off, the step's deadline) left it to
+        # finish before any install: apt refuses one until then.
+        finish_interrupted_dpkg
         APT_FRESH=1
     fi
 }

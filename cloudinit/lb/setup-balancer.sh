@@ -25,9 +25,11 @@ die() {
 }
 
 [[ ${EUID} -eq 0 ]] || die "run as root (the step runs it through sudo)"
-for name in haproxy.cfg keepalived.conf check_apiserver.sh; do
+for name in haproxy.cfg keepalived.conf check_apiserver.sh interrupted-dpkg.sh; do
     [[ -s "${here}/${name}" ]] || die "${name} is missing next to $0"
 done
+# shellcheck source-path=SCRIPTDIR/../node source=interrupted-dpkg.sh
+. "${here}/interrupted-dpkg.sh"
 
 install_packages() {
     local missing=() pkg
@@ -42,11 +44,9 @@ install_packages() {
     fi
     log "packages: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    # A run cut off while dpkg unpacked or configured (the VM powered off, the step's deadline)
-    # leaves dpkg "interrupted", and apt then refuses every install ("dpkg was interrupted, you
-    # must manually run 'dpkg --configure -a'"): finish it first, as apt asks. Nothing pending: a no-op.
-    dpkg --configure -a --force-confold
     apt-get update -q
+    # A run cut off while dpkg worked (the VM powered off mid-install) left it to finish first.
+    finish_interrupted_dpkg
     apt-get install -y -q --no-install-recommends -o Dpkg::Options::=--force-confold "${missing[@]}"
     changed+=("packages")
 }

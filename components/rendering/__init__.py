@@ -43,6 +43,15 @@ def read_file(relative_path: str) -> str:
     return (CLOUDINIT_DIR / relative_path).read_text()
 
 
+# What every step that installs packages (the balancer's, the Kubernetes prepare and upgrade
+# steps) sources first: the repair of a dpkg run an earlier attempt left cut off.
+INTERRUPTED_DPKG_FILE = "interrupted-dpkg.sh"
+
+
+def interrupted_dpkg_script() -> str:
+    return read_file(f"node/{INTERRUPTED_DPKG_FILE}")
+
+
 def content_hash(*parts: str) -> str:
     """A short, stable hash of rendered text: used as a re-run trigger and in template names."""
     digest = hashlib.sha256()

@@ -46,7 +46,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from components.config import CONTAINERD_2_FROM_MINOR, LabConfig, Node, Role
-from components.rendering import STEP_ROOT, StepLibrary, read_file, render_template
+from components.rendering import (
+    INTERRUPTED_DPKG_FILE,
+    STEP_ROOT,
+    StepLibrary,
+    interrupted_dpkg_script,
+    read_file,
+    render_template,
+)
 
 # ------------------------------------------------------------------ entrypoints (module constants)
 PREPARE_ENTRYPOINT = "prepare-node.sh"
@@ -305,6 +312,7 @@ def _script_files(entrypoint: str, params: Mapping[str, ParamValue]) -> dict[str
     return {
         entrypoint: read_file(f"{_K8S_DIR}/{entrypoint}"),
         LIB_FILE: read_file(f"{_K8S_DIR}/{LIB_FILE}"),
+        INTERRUPTED_DPKG_FILE: interrupted_dpkg_script(),
         PARAMS_FILE: render_params(params),
     }
 
@@ -314,7 +322,12 @@ def step_library() -> StepLibrary:
     """The scripts' shared functions, which each node's prepare step installs for its later steps
     (rendering.StepLibrary): the file maps below still list them, and a bundle sends only the
     files that are not the library's."""
-    return StepLibrary({name: read_file(f"{_K8S_DIR}/{name}") for name in (LIB_FILE, UPGRADE_LIB_FILE)})
+    return StepLibrary(
+        {
+            **{name: read_file(f"{_K8S_DIR}/{name}") for name in (LIB_FILE, UPGRADE_LIB_FILE)},
+            INTERRUPTED_DPKG_FILE: interrupted_dpkg_script(),
+        }
+    )
 
 
 def _ip(address: ipaddress.IPv4Address) -> str:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from components.config import LabConfig, Node
-from components.rendering import read_file, render_template
+from components.rendering import INTERRUPTED_DPKG_FILE, interrupted_dpkg_script, read_file, render_template
 
 APISERVER_PORT = 6443
 # The VIP's port that reaches SSH on the first healthy control plane (the cluster-wide steps).
@@ -179,6 +179,7 @@ def balancer_files(cfg: LabConfig, balancer: Node, vrrp_password: str) -> dict[s
         "keepalived.conf": render_keepalived_conf(cfg, balancer, vrrp_password),
         "check_apiserver.sh": render_check_script(cfg),
         SETUP_SCRIPT: render_setup_script(),
+        INTERRUPTED_DPKG_FILE: interrupted_dpkg_script(),
     }
 
 
