@@ -21,13 +21,13 @@ finish_interrupted_dpkg() {
     dpkg --configure -a --force-confdef --force-confold || true
     # shellcheck disable=SC2016 # ${...} are dpkg-query's fields, not shell expansions
     reinstall=$(dpkg-query -W -f='${db:Status-Eflag} ${binary:Package}=${Version}\n' |
-        awk '$1 == "reinstreq" { print $2 }')
+        awk '$1 == "reinstreq" { printf "%s%s", sep, $2; sep = " " }')
     if [[ -n $reinstall ]]; then
-        log "dpkg was cut off while unpacking $(tr '\n' ' ' <<<"$reinstall")(an earlier run of this step): reinstalling it"
+        log "dpkg was cut off while unpacking $reinstall (an earlier run of this step): reinstalling it"
         # shellcheck disable=SC2086 # one package=version per word
         apt-get install -y -q --no-install-recommends --reinstall \
             -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold $reinstall ||
-            die "reinstalling $(tr '\n' ' ' <<<"$reinstall")failed: dpkg left it half unpacked and accepts only a reinstall of that version; if the repository no longer has it, remove the package on the node (dpkg --remove --force-remove-reinstreq), then run the step again"
+            die "reinstalling $reinstall failed: dpkg left it half unpacked and accepts only a reinstall of that version; if the repository no longer has it, remove the package on the node (dpkg --remove --force-remove-reinstreq), then run the step again"
     fi
     dpkg --configure -a --force-confdef --force-confold ||
         die "dpkg --configure -a failed: a package an earlier run of this step left half installed cannot be configured (its error is above)"

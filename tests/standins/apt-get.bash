@@ -8,8 +8,7 @@
 # ("Held packages were changed and -y was used without --allow-change-held-packages") stops it before
 # anything is installed. Other packages come from $STATE/repo, or any version when none is listed.
 # Test knobs: $STATE/apt-update-fails, $STATE/apt-install-fails (a repository that does not answer),
-# $STATE/dpkg-interrupted (dpkg cut off mid-run: install refuses until `dpkg --configure -a`),
-# $STATE/dpkg-reinstreq (packages dpkg left half unpacked: only `install --reinstall` clears them).
+# $STATE/dpkg-interrupted (dpkg cut off mid-run: install refuses until `dpkg --configure -a`).
 mkdir -p "$STATE/dpkg"
 verb=""; pkgs=(); allow_held=0
 for a in "$@"; do
@@ -34,13 +33,6 @@ case $verb in
     install)
         # An earlier run cut off mid-dpkg (apt-pkg's pkgDPkgPM journal check, the lab in a box's find).
         [[ -f $STATE/dpkg-interrupted ]] && { echo "E: dpkg was interrupted, you must manually run 'dpkg --configure -a' to correct the problem." >&2; exit 100; }
-        # A package dpkg left half unpacked ($STATE/dpkg-reinstreq, see tests/shell_harness.py's dpkg)
-        # fails every run of dpkg until it is reinstalled.
-        if [[ " $* " == *" --reinstall "* ]]; then
-            for p in "${pkgs[@]}"; do sed -i "/^${p%%=*}\$/d" "$STATE/dpkg-reinstreq" 2>/dev/null || true; done
-        elif [[ -s $STATE/dpkg-reinstreq ]]; then
-            echo "E: Sub-process /usr/bin/dpkg returned an error code (1)" >&2; exit 100
-        fi
         resolved=()
         for p in "${pkgs[@]}"; do
             name=${p%%=*}; version=${p#*=}
