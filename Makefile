@@ -39,7 +39,7 @@ PIP := $(VENV)/bin/pip
 # Our lock files hold PyPI hashes: ignore machine-wide pip settings (extra indexes, find-links).
 PIP_ENV := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=
 
-.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain kubeadm stack-named box box-down
+.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain kube stack-named box box-down
 
 help:
 	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack \$$STACK"
@@ -139,14 +139,14 @@ toolchain: system-deps
 	bash tests/tools/build_toolchain.sh >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "the Pulumi toolchain could not be built here; the real-engine tests will skip (they fail under CI=true)" >&2; }
 
-# The real kubeadm of every Kubernetes minor the lab supports or upgrades between, built from the
-# Go module proxy (tests/tools/kubeadm/manifest.json): it validates and dry-runs what we render.
-kubeadm: system-deps
-	bash tests/tools/build_kubeadm.sh >/dev/null || { [ "$${CI:-}" != true ] && \
-	  echo "kubeadm could not be built here; the real-kubeadm tests will skip (they fail under CI=true)" >&2; }
+# The real programs of a node (Kubernetes of each minor we support, etcd, CoreDNS, containerd, Flannel,
+# ...), built from the Go module proxy (tests/tools/kube/manifest.json, tests/kube_programs.py).
+kube: venv-dev system-deps
+	$(PY) -m tests.kube_programs build >/dev/null || { [ "$${CI:-}" != true ] && \
+	  echo "the node programs could not be built here; the tests that run them will skip (they fail under CI=true)" >&2; }
 
 # Two workers: the lab in a box beside the rest of the suite (tests/conftest.py says why).
-test: venv-dev system-deps vcsim toolchain kubeadm
+test: venv-dev system-deps vcsim toolchain kube
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

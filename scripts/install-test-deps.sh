@@ -41,6 +41,9 @@ packages=(
   apt-utils gnupg
   # tests/test_interrupted_dpkg.py: strace kills dpkg at an exact point of a package's install
   strace
+  # the node's real programs (tests/kube_programs.py): flanneld needs cgo, pause is a static C
+  # program (kubernetes' build/pause/linux/pause.c)
+  gcc libc6-dev
   # vcsim and the Pulumi toolchain are built with the machine's own Go from Go modules
   # (tests/tools/build_vcsim.sh, build_toolchain.sh): never Debian's golang-go (1.19, too old).
 )

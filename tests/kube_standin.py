@@ -716,7 +716,7 @@ def real_kubeadm_validate(path: str, documents: dict[str, dict[str, Any]]) -> No
         if os.environ.get("CI", "").lower() == "true":
             raise Fail(
                 f"stand-in kubeadm: CI=true and no real kubeadm to validate {path} with "
-                f"({REAL_KUBEADM_DIR_ENV} is empty: tests/tools/build_kubeadm.sh failed)"
+                f"({REAL_KUBEADM_DIR_ENV} is empty: tests/kube_programs.py could not build kubeadm)"
             )
         return
     version = str(documents.get("ClusterConfiguration", {}).get("kubernetesVersion") or KUBELET_VERSION)
@@ -726,7 +726,7 @@ def real_kubeadm_validate(path: str, documents: dict[str, dict[str, Any]]) -> No
     binary = Path(directory) / f"kubeadm-{match.group(1)}"
     if not binary.exists():
         raise Fail(
-            f"stand-in kubeadm: no real kubeadm {match.group(1)} in {directory} (tests/tools/kubeadm/manifest.json)"
+            f"stand-in kubeadm: no real kubeadm {match.group(1)} in {directory} (tests/tools/kube/manifest.json)"
         )
     proc = subprocess.run(
         [str(binary), "config", "validate", "--config", path], capture_output=True, text=True, timeout=60, check=False

@@ -1,9 +1,9 @@
-"""The real kubeadm, one per Kubernetes minor in tests/tools/kubeadm/manifest.json.
+"""The real kubeadm, one per Kubernetes minor the node programs are built for.
 
-`bin_dir()` builds (or finds cached) what tests/tools/build_kubeadm.sh builds from the Go module
-proxy: a directory holding `kubeadm-<minor>` for every minor of the manifest. `binary(minor)` is one
-of them. Without Go or the proxy the build fails: the calling test skips on a laptop, fails under
-CI=true (tests/requirements.py).
+`bin_dir()` builds (or finds cached) the `kubernetes-<minor>` entries of tests/tools/kube/manifest.json
+(tests/kube_programs.py, from the Go module proxy) and returns a directory of `kubeadm-<minor>` links
+to them. `binary(minor)` is one of them. Without Go or the proxy the build fails: the calling test
+skips on a laptop, fails under CI=true (tests/requirements.py).
 
 The shell harnesses hand the directory to the stand-in kubeadm (tests/kube_standin.py) in
 REAL_KUBEADM_DIR_ENV, so the stand-in refuses a config the real kubeadm refuses.
@@ -11,47 +11,51 @@ REAL_KUBEADM_DIR_ENV, so the stand-in refuses a config the real kubeadm refuses.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
+from tests import kube_programs
 from tests.requirements import unavailable
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BUILD_SCRIPT = REPO_ROOT / "tests" / "tools" / "build_kubeadm.sh"
-MANIFEST = REPO_ROOT / "tests" / "tools" / "kubeadm" / "manifest.json"
 # The variable the shell harnesses set for the stand-in kubeadm: the directory of kubeadm-<minor>.
 REAL_KUBEADM_DIR_ENV = "HARNESS_REAL_KUBEADM_DIR"
+LINKS = kube_programs.CACHE / "kubeadm-bin"
 _built: list[Path] = []
 _failed: list[str] = []
 
 
-def manifest() -> dict[str, Any]:
-    return json.loads(MANIFEST.read_text())
+def _entries() -> list[dict[str, Any]]:
+    builds = [b for b in kube_programs.manifest()["builds"] if b["name"].startswith("kubernetes-")]
+    return sorted(builds, key=lambda b: int(b["name"].rsplit(".", 1)[1]))
 
 
 def minors() -> list[str]:
-    """The minors a kubeadm is built for, "1.35", "1.36", ..., in the manifest's order."""
-    return [entry["minor"] for entry in manifest()["kubeadm"]]
+    """The minors a kubeadm is built for, oldest first: "1.35", "1.36", ..."""
+    return [b["name"].removeprefix("kubernetes-") for b in _entries()]
 
 
 def version_of(minor: str) -> str:
-    """The kubeadm version built for `minor` ("v1.36.3")."""
-    (entry,) = [entry for entry in manifest()["kubeadm"] if entry["minor"] == minor]
-    return str(entry["version"])
+    """The kubeadm version built for `minor` ("v1.36.5")."""
+    (version,) = [b["version"] for b in _entries() if b["name"] == f"kubernetes-{minor}"]
+    return str(version)
 
 
 def build() -> Path | None:
-    """The directory of the built kubeadm binaries, or None when they cannot be built here (the
-    reason is in `build_failure()`). Built once per session; a warm cache answers in a second."""
+    """The directory of kubeadm-<minor> links, or None when they cannot be built here (the reason is
+    in `build_failure()`). Built once per session; a warm cache answers in a second."""
     if not _built and not _failed:
-        proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3600, check=False)
-        if proc.returncode == 0:
-            _built.append(Path(proc.stdout.strip().splitlines()[-1]))
+        try:
+            built = kube_programs.build_all([b["name"] for b in _entries()])
+        except kube_programs.BuildError as error:
+            _failed.append(f"tests/kube_programs.py could not build kubeadm: {error}")
         else:
-            _failed.append(f"tests/tools/build_kubeadm.sh failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+            LINKS.mkdir(parents=True, exist_ok=True)
+            for name, directory in built.items():
+                link = LINKS / f"kubeadm-{name.removeprefix('kubernetes-')}"
+                link.unlink(missing_ok=True)
+                link.symlink_to(directory / "kubeadm")
+            _built.append(LINKS)
     return _built[0] if _built else None
 
 

@@ -1,7 +1,7 @@
 """The real kubeadm judges what we render, at the version each configuration is for.
 
 kubeadm is built from the Go module proxy for every minor the project supports or upgrades between
-(tests/tools/build_kubeadm.sh, tests/tools/kubeadm/manifest.json; tests/kubeadm_real.py). For the
+(tests/kube_programs.py, tests/tools/kube/manifest.json; tests/kubeadm_real.py). For the
 default lab and a 10-worker lab, at each of those minors, every kubeadm configuration a step hands
 to kubeadm:
 - kubeadm-init.yaml with the certificate key (kubeadm-init.sh; refresh-join-material.sh before a
@@ -123,10 +123,10 @@ def validate(minor: str, path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_kubeadm_for_every_minor_the_project_supports_or_upgrades_between() -> None:
-    """The default version's minor and the one a lab upgrades from (kubeadm upgrades one minor at
-    a time), each at the newest patch the proxy serves: what the manifest says, stamped in."""
+    """The minor a lab upgrades from (kubeadm upgrades one minor at a time), the default's and the
+    next one, each at the newest patch the proxy serves: what the manifest says, stamped in."""
     default_minor = KubernetesConfig().minor
-    assert kubeadm_real.minors() == [f"1.{default_minor - 1}", f"1.{default_minor}"]
+    assert kubeadm_real.minors() == [f"1.{default_minor + step}" for step in (-1, 0, 1)]
     for minor in kubeadm_real.minors():
         version = kubeadm_real.version_of(minor)
         assert kubeadm_real.minor_of(version) == minor

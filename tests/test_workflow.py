@@ -137,7 +137,7 @@ def test_the_test_job_keeps_what_the_suite_builds_for_itself(workflow: dict[str,
     import fnmatch
 
     from components.template import CACHE_ROOT
-    from tests import firstboot, test_seal_rootfs
+    from tests import firstboot, kube_programs, test_seal_rootfs
 
     steps = workflow["jobs"]["test"]["steps"]
     cache = step_index(steps, lambda s: str(s.get("uses", "")).startswith("actions/cache@"))
@@ -151,16 +151,13 @@ def test_the_test_job_keeps_what_the_suite_builds_for_itself(workflow: dict[str,
         ".cache/vcsim" in paths
         and 'CACHE_DIR="$REPO/.cache/vcsim"' in (REPO / "tests" / "tools" / "build_vcsim.sh").read_text()
     )
-    assert (
-        ".cache/kubeadm" in paths
-        and 'CACHE="$REPO/.cache/kubeadm"' in (REPO / "tests" / "tools" / "build_kubeadm.sh").read_text()
-    )
+    assert ".cache/kube" in paths and kube_programs.CACHE == REPO / ".cache" / "kube"
     patterns = re.findall(r"'([^']+)'", re.search(r"hashFiles\((.*?)\)", options["key"]).group(1))
     inputs = [
         *firstboot.RECIPE_FILES,
         REPO / "tests" / "tools" / "build_vcsim.sh",
-        REPO / "tests" / "tools" / "build_kubeadm.sh",
-        *(REPO / "tests" / "tools" / "kubeadm").rglob("go.*"),
+        REPO / "tests" / "kube_programs.py",
+        *(REPO / "tests" / "tools" / "kube").rglob("go.*"),
         *(REPO / "cloudinit" / "template").iterdir(),
         REPO / "components" / "rendering" / "template.py",
     ]

@@ -1,0 +1,8 @@
+//go:build tools
+
+// coredns-1.14.2: github.com/coredns/coredns v1.14.2 (tests/tools/kube/manifest.json, tests/kube_programs.py).
+package tools
+
+import (
+	_ "github.com/coredns/coredns"
+)

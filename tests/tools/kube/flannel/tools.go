@@ -1,0 +1,5 @@
+//go:build tools
+
+// flannel: github.com/flannel-io/flannel v0.28.9 (tests/tools/kube/manifest.json, tests/kube_programs.py).
+package tools
+
