@@ -52,6 +52,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import kube_programs
+
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "tools" / "box" / "standin"
 KUBE_STANDIN = REPO / "tests" / "kube_standin.py"
@@ -79,6 +81,13 @@ CNI_PLUGINS = (
     "bandwidth", "bridge", "dhcp", "dummy", "firewall", "host-device", "host-local", "ipvlan",
     "loopback", "macvlan", "portmap", "ptp", "sbr", "static", "tap", "tuning", "vlan", "vrf",
 )  # fmt: skip
+
+# The real packages (`build(cache, real=True)`): the binaries tests/kube_programs.py builds, one
+# pkgs.k8s.io repository per minor the box runs (the default and the one a lab upgrades from).
+REAL_MINORS = {"1.36": "kubernetes-1.36", "1.37": "kubernetes-1.37"}
+REAL_CNI_BUILD, REAL_CRI_TOOLS_BUILD, REAL_CONTAINERD_BUILD = "cni-plugins", "cri-tools", "containerd"
+# Docker's containerd.io ships its own runc; the box's is Debian's (a signed .deb, version pinned).
+DEBIAN_RUNC = "runc=1.1.5+ds1-1+deb12u1"
 
 # 2026-01-01T00:00:00Z: every timestamp inside a package.
 SOURCE_DATE_EPOCH = 1767225600
@@ -253,24 +262,30 @@ class Package:
     conffiles: tuple[str, ...] = ()
 
 
-def inputs_key() -> str:
-    """The hash of everything a build depends on: this file, the stand-ins, the format."""
-    digest = hashlib.sha256(f"box-repo {FORMAT}\0".encode())
+def inputs_key(real: bool = False) -> str:
+    """The hash of everything a build depends on: this file, the stand-ins or the real binaries (their
+    cache paths hold their builds' keys), the format."""
+    digest = hashlib.sha256(f"box-repo {FORMAT} real={real}\0".encode())
     for path in [Path(__file__).resolve(), KUBE_STANDIN, *sorted(STANDIN.glob("*.py"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    if real:
+        for name in [*REAL_MINORS.values(), REAL_CNI_BUILD, REAL_CRI_TOOLS_BUILD, REAL_CONTAINERD_BUILD]:
+            digest.update(str(kube_programs.build_one(name)).encode() + b"\0")
+        digest.update(DEBIAN_RUNC.encode())
     return digest.hexdigest()[:16]
 
 
-def build(cache: Path) -> BoxRepo:
-    """The repositories, built into `cache` unless a build of the same inputs is there already."""
+def build(cache: Path, real: bool = False) -> BoxRepo:
+    """The repositories, built into `cache` unless a build of the same inputs is there already: the
+    stand-in packages, or with `real` the real programs (tests/kube_programs.py)."""
     cache.mkdir(parents=True, exist_ok=True)
-    final = cache / f"box-repo-{inputs_key()}"
+    final = cache / f"box-repo-{inputs_key(real)}"
     with (cache / "box-repo.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (final / "repo.json").is_file():
             work = cache / f"{final.name}.build"
             shutil.rmtree(work, ignore_errors=True)
-            meta = _build_into(work / "root")
+            meta = _build_into(work / "root", real)
             (work / "repo.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
             shutil.rmtree(final, ignore_errors=True)
             work.replace(final)
@@ -284,25 +299,29 @@ def build(cache: Path) -> BoxRepo:
     )
 
 
-def _build_into(root: Path) -> dict[str, object]:
+def _build_into(root: Path, real: bool = False) -> dict[str, object]:
+    kubernetes_versions = real_kubernetes_versions() if real else KUBERNETES_VERSIONS
+    containerd_versions = (real_containerd_version(),) if real else CONTAINERD_VERSIONS
     with tempfile.TemporaryDirectory(prefix="box-repo-") as tmp:
         scratch = Path(tmp)
-        for minor, version in KUBERNETES_VERSIONS.items():
+        for minor, version in kubernetes_versions.items():
             deb = root / KUBERNETES_PATH / f"v{minor}" / "deb"
-            for package in kubernetes_packages(minor, version):
+            packages_of = real_kubernetes_packages if real else kubernetes_packages
+            for package in packages_of(minor, version):
                 build_deb(package, deb / ARCH, scratch)
             packages = _run(["apt-ftparchive", "packages", ARCH], cwd=deb)
             _write_indices(deb, packages)
         docker = root / CONTAINERD_PATH
         dist = docker / "dists" / CODENAME
-        for version in CONTAINERD_VERSIONS:
-            build_deb(containerd_package(version), dist / "pool" / "stable" / ARCH, scratch)
+        for version in containerd_versions:
+            package = real_containerd_package(version, scratch) if real else containerd_package(version)
+            build_deb(package, dist / "pool" / "stable" / ARCH, scratch)
         packages = _run(["apt-ftparchive", "packages", f"dists/{CODENAME}/pool/stable/{ARCH}"], cwd=docker)
         _write_indices(dist / "stable" / f"binary-{ARCH}", packages)
 
         with _keyring() as gpg:
             kubernetes_key = gpg.new_key("labs-k8s lab in a box: stand-in of pkgs.k8s.io's key <box@labs-k8s.invalid>")
-            for minor in KUBERNETES_VERSIONS:
+            for minor in kubernetes_versions:
                 # pkgs.k8s.io (openSUSE's build service): Origin and Label, no Suite or Codename.
                 deb = root / KUBERNETES_PATH / f"v{minor}" / "deb"
                 release = _release(deb, Origin=f"obs://build.opensuse.org/isv:kubernetes:core:stable:v{minor}/deb",
@@ -317,8 +336,8 @@ def _build_into(root: Path) -> dict[str, object]:
     return {
         "kubernetes_fingerprint": kubernetes_key,
         "containerd_fingerprint": docker_key,
-        "kubernetes_versions": KUBERNETES_VERSIONS,
-        "containerd_versions": list(CONTAINERD_VERSIONS),
+        "kubernetes_versions": kubernetes_versions,
+        "containerd_versions": list(containerd_versions),
     }
 
 
@@ -423,6 +442,87 @@ def containerd_package(version: str) -> Package:
                     "An open and reliable container runtime", ("/etc/containerd/config.toml",), extra)  # fmt: skip
 
 
+def real_kubernetes_versions() -> dict[str, str]:
+    """pkgs.k8s.io's version of each minor's packages: 1.37.2-1.1 (kubernetes/release's revision)."""
+    return {minor: f"{kube_programs.entry(build)['version'][1:]}-1.1" for minor, build in REAL_MINORS.items()}
+
+
+def real_containerd_version() -> str:
+    return f"{kube_programs.entry(REAL_CONTAINERD_BUILD)['version'].removeprefix('v')}-1~debian.12~{CODENAME}"
+
+
+def _binaries(build: str, names: tuple[str, ...], into: str) -> dict[str, tuple[str | bytes, int]]:
+    directory = kube_programs.build_one(build)
+    return {f"{into}/{name}": ((directory / name).read_bytes(), 0o755) for name in names}
+
+
+def _real(package: Package) -> Package:
+    """The real package's description, without the stand-in's note."""
+    control = dict(package.control)
+    control["Description"] = (
+        control["Description"].split(" (labs-k8s stand-in)")[0]
+        + "\n"
+        + (" Built from source by the labs-k8s lab in a box (tests/kube_programs.py, tests/box_repo.py).")
+    )
+    return Package(package.name, package.version, control, package.files, package.conffiles)
+
+
+def real_kubernetes_packages(minor: str, version: str) -> list[Package]:
+    """pkgs.k8s.io's packages of `minor` with the real programs: the files and units of
+    `kubernetes_packages`, the real Depends (kubernetes/release metadata.yaml), no stand-in code."""
+    build = REAL_MINORS[minor]
+    cri = f"{kube_programs.entry(REAL_CRI_TOOLS_BUILD)['version'].removeprefix('v')}-1.1"
+    cni = f"{kube_programs.entry(REAL_CNI_BUILD)['version'].removeprefix('v')}-1.1"
+    plugins = tuple(kube_programs.entry(REAL_CNI_BUILD)["checks"])
+    home = "https://kubernetes.io"
+    kubelet_files = _binaries(build, ("kubelet",), "usr/bin")
+    kubelet_files.update({
+        "lib/systemd/system/kubelet.service": (KUBELET_SERVICE, 0o644),
+        "etc/default/kubelet": ("KUBELET_EXTRA_ARGS=\n", 0o644),
+        "var/lib/kubelet/.kubelet-keep": ("", 0o644),
+        "etc/kubernetes/manifests/.kubelet-keep": ("", 0o644),
+    })  # fmt: skip
+    kubeadm_files = _binaries(build, ("kubeadm",), "usr/bin")
+    kubeadm_files["lib/systemd/system/kubelet.service.d/10-kubeadm.conf"] = (KUBEADM_DROPIN, 0o644)
+    cni_files = _binaries(REAL_CNI_BUILD, plugins, "opt/cni/bin")
+    cni_files["etc/cni/net.d/.kubernetes-cni-keep"] = ("", 0o644)
+    return [_real(p) for p in [
+        _package("kubeadm", version, "admin", home, "", kubeadm_files,
+                 "Command-line utility for administering a Kubernetes cluster"),
+        _package("kubelet", version, "net", home,
+                 "iptables (>= 1.4.21), kubernetes-cni (>= 1.2.0), mount, util-linux", kubelet_files,
+                 "Node agent for Kubernetes clusters", conffiles=("/etc/default/kubelet",)),
+        _package("kubectl", version, "admin", home, "", _binaries(build, ("kubectl",), "usr/bin"),
+                 "Command-line utility for interacting with a Kubernetes cluster"),
+        _package("cri-tools", cri, "admin", home, "", _binaries(REAL_CRI_TOOLS_BUILD, ("crictl",), "usr/bin"),
+                 "Command-line utility for interacting with a container runtime"),
+        _package("kubernetes-cni", cni, "net", home, "", cni_files,
+                 "Binaries required to provision kubernetes container networking"),
+    ]]  # fmt: skip
+
+
+def debian_runc(scratch: Path) -> bytes:
+    """Debian's runc binary, from its signed package (`apt-get download`: apt checks the archive's
+    signature and the .deb's hash), pinned to `DEBIAN_RUNC`."""
+    _run(["apt-get", "download", "-qq", DEBIAN_RUNC], cwd=scratch)
+    (deb,) = scratch.glob("runc_*.deb")
+    _run(["dpkg-deb", "-x", str(deb), str(scratch / "runc")])
+    return (scratch / "runc" / "usr" / "sbin" / "runc").read_bytes()
+
+
+def real_containerd_package(version: str, scratch: Path) -> Package:
+    """containerd.io as Docker builds it (`containerd_package`) with the real containerd, its shim,
+    ctr, and runc; Depends as Docker's: libc6 and libseccomp2 (runc links it)."""
+    files = _binaries(REAL_CONTAINERD_BUILD, ("containerd", "containerd-shim-runc-v2", "ctr"), "usr/bin")
+    files["usr/bin/runc"] = (debian_runc(scratch), 0o755)
+    files["lib/systemd/system/containerd.service"] = (CONTAINERD_SERVICE, 0o644)
+    files["etc/containerd/config.toml"] = (CONTAINERD_TOML, 0o644)
+    extra = {"Provides": "containerd, runc", "Conflicts": "containerd, runc", "Replaces": "containerd, runc"}
+    summary = "An open and reliable container runtime"
+    return _real(_package("containerd.io", version, "devel", "https://containerd.io", "libc6, libseccomp2", files,
+                          summary, ("/etc/containerd/config.toml",), extra))  # fmt: skip
+
+
 def build_deb(package: Package, out_dir: Path, scratch: Path) -> Path:
     """`package` as a .deb in `out_dir`, byte for byte the same for the same package."""
     stage = scratch / f"{package.name}_{package.version}"
@@ -446,7 +546,8 @@ def build_deb(package: Package, out_dir: Path, scratch: Path) -> Path:
         os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
     out_dir.mkdir(parents=True, exist_ok=True)
     deb = out_dir / f"{package.name}_{package.version}_{ARCH}.deb"
-    _run(["dpkg-deb", "--root-owner-group", "-Zxz", "--threads-max=1", "--build", str(stage), str(deb)],
+    # gzip: xz on one thread took minutes for the real programs' few hundred MB.
+    _run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(stage), str(deb)],
          env={"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)})  # fmt: skip
     shutil.rmtree(stage)
     return deb
