@@ -222,6 +222,15 @@ exit 1
 """
 
 
+# What the kubelet package ships besides the binary (kubelet.spec).
+KUBELET_FILES: dict[str, tuple[str | bytes, int]] = {
+    "lib/systemd/system/kubelet.service": (KUBELET_SERVICE, 0o644),
+    "etc/default/kubelet": ("KUBELET_EXTRA_ARGS=\n", 0o644),
+    "var/lib/kubelet/.kubelet-keep": ("", 0o644),
+    "etc/kubernetes/manifests/.kubelet-keep": ("", 0o644),
+}
+
+
 @dataclass(frozen=True)
 class BoxRepo:
     """The built repositories: `root` holds `KUBERNETES_PATH`/v<minor>/deb/ and `CONTAINERD_PATH`/."""
@@ -397,13 +406,7 @@ def kubernetes_packages(minor: str, version: str) -> list[Package]:
     (cmd/krel/templates/latest: *.spec for the files, metadata.yaml for the Depends)."""
     home = "https://kubernetes.io"
     cri_tools, cni = CRI_TOOLS_VERSIONS[minor], KUBERNETES_CNI_VERSION
-    kubelet_files = _standin("kubelet", version, ("kubelet",))
-    kubelet_files.update({
-        "lib/systemd/system/kubelet.service": (KUBELET_SERVICE, 0o644),
-        "etc/default/kubelet": ("KUBELET_EXTRA_ARGS=\n", 0o644),
-        "var/lib/kubelet/.kubelet-keep": ("", 0o644),
-        "etc/kubernetes/manifests/.kubelet-keep": ("", 0o644),
-    })  # fmt: skip
+    kubelet_files = _standin("kubelet", version, ("kubelet",)) | KUBELET_FILES
     kubeadm_files = _standin("kubeadm", version, ("kubeadm",))
     kubeadm_files["lib/systemd/system/kubelet.service.d/10-kubeadm.conf"] = (KUBEADM_DROPIN, 0o644)
     cni_files: dict[str, tuple[str | bytes, int]] = {
@@ -475,13 +478,7 @@ def real_kubernetes_packages(minor: str, version: str) -> list[Package]:
     cni = f"{kube_programs.entry(REAL_CNI_BUILD)['version'].removeprefix('v')}-1.1"
     plugins = tuple(kube_programs.entry(REAL_CNI_BUILD)["checks"])
     home = "https://kubernetes.io"
-    kubelet_files = _binaries(build, ("kubelet",), "usr/bin")
-    kubelet_files.update({
-        "lib/systemd/system/kubelet.service": (KUBELET_SERVICE, 0o644),
-        "etc/default/kubelet": ("KUBELET_EXTRA_ARGS=\n", 0o644),
-        "var/lib/kubelet/.kubelet-keep": ("", 0o644),
-        "etc/kubernetes/manifests/.kubelet-keep": ("", 0o644),
-    })  # fmt: skip
+    kubelet_files = _binaries(build, ("kubelet",), "usr/bin") | KUBELET_FILES
     kubeadm_files = _binaries(build, ("kubeadm",), "usr/bin")
     kubeadm_files["lib/systemd/system/kubelet.service.d/10-kubeadm.conf"] = (KUBEADM_DROPIN, 0o644)
     cni_files = _binaries(REAL_CNI_BUILD, plugins, "opt/cni/bin")

@@ -135,57 +135,44 @@ def _containerd(root: Path, hosts_dir: Path, netns: str) -> Iterator[Path]:
         log.close()
 
 
-def test_containerd_pulls_each_image_through_the_mirror_over_tls(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _crictl_through_mirror(tmp_path: Path, pin_ca: bool) -> Iterator[list[str]]:
+    """crictl against a real containerd whose `_default` mirror is the images' registry, as
+    prepare-node.sh writes it for labs-k8s:mirrors.registryMirror, with or without its CA pinned."""
     require_root()
     require_tool("unshare", "openssl")
     store = _store()
     ca, cert, key = _tls(tmp_path)
     crictl = kube_programs.build_one("cri-tools") / "crictl"
     with _netns() as netns, kube_images.serve(store, cert, key, netns) as address:
-        # What prepare-node.sh writes for labs-k8s:mirrors.registryMirror, with the mirror's CA pinned.
         hosts = tmp_path / "certs.d" / "_default" / "hosts.toml"
         hosts.parent.mkdir(parents=True)
-        hosts.write_text(f'[host."https://{address}"]\n  capabilities = ["pull", "resolve"]\n  ca = "{ca}"\n')
+        pinned = f'  ca = "{ca}"\n' if pin_ca else ""
+        hosts.write_text(f'[host."https://{address}"]\n  capabilities = ["pull", "resolve"]\n{pinned}')
         with _containerd(tmp_path / "containerd", tmp_path / "certs.d", netns) as socket:
-            endpoint = ["--runtime-endpoint", f"unix://{socket}", "--image-endpoint", f"unix://{socket}"]
-            for image in kube_images.images():
-                upstream = "ghcr.io" if image.repository.startswith("flannel-io/") else "registry.k8s.io"
-                ref = f"{upstream}/{image.name}"
-                pulled = subprocess.run(
-                    [str(crictl), *endpoint, "pull", ref], capture_output=True, text=True, timeout=300, check=False
-                )
-                assert pulled.returncode == 0, f"crictl pull {ref}: {pulled.stderr}"
-            listed = json.loads(
-                subprocess.run(
-                    [str(crictl), *endpoint, "images", "-o", "json"], capture_output=True, text=True, check=True
-                ).stdout
-            )
-            tags = {tag for entry in listed["images"] for tag in entry["repoTags"]}
-            assert "registry.k8s.io/kube-apiserver:" + kube_programs.entry("kubernetes-1.37")["version"] in tags
-            assert len(tags) == len(kube_images.images())
+            yield [str(crictl), "--runtime-endpoint", f"unix://{socket}", "--image-endpoint", f"unix://{socket}"]
+
+
+def test_containerd_pulls_each_image_through_the_mirror_over_tls(tmp_path: Path) -> None:
+    with _crictl_through_mirror(tmp_path, pin_ca=True) as crictl:
+        for image in kube_images.images():
+            upstream = "ghcr.io" if image.repository.startswith("flannel-io/") else "registry.k8s.io"
+            ref = f"{upstream}/{image.name}"
+            pulled = subprocess.run([*crictl, "pull", ref], capture_output=True, text=True, timeout=300, check=False)
+            assert pulled.returncode == 0, f"crictl pull {ref}: {pulled.stderr}"
+        listed = subprocess.run([*crictl, "images", "-o", "json"], capture_output=True, text=True, check=True)
+    tags = {tag for entry in json.loads(listed.stdout)["images"] for tag in entry["repoTags"]}
+    assert "registry.k8s.io/kube-apiserver:" + kube_programs.entry("kubernetes-1.37")["version"] in tags
+    assert len(tags) == len(kube_images.images())
 
 
 def test_a_mirror_whose_certificate_is_not_pinned_is_refused(tmp_path: Path) -> None:
     """The check can fail: without the CA in hosts.toml, containerd refuses the mirror's certificate
     and falls back to the registry itself, which the namespace cannot reach: the pull fails."""
-    require_root()
-    require_tool("unshare", "openssl")
-    store = _store()
-    _, cert, key = _tls(tmp_path)
-    crictl = kube_programs.build_one("cri-tools") / "crictl"
-    with _netns() as netns, kube_images.serve(store, cert, key, netns) as address:
-        hosts = tmp_path / "certs.d" / "_default" / "hosts.toml"
-        hosts.parent.mkdir(parents=True)
-        hosts.write_text(f'[host."https://{address}"]\n  capabilities = ["pull", "resolve"]\n')
-        with _containerd(tmp_path / "containerd", tmp_path / "certs.d", netns) as socket:
-            endpoint = ["--runtime-endpoint", f"unix://{socket}", "--image-endpoint", f"unix://{socket}"]
-            pulled = subprocess.run(
-                [str(crictl), *endpoint, "pull", "registry.k8s.io/pause:3.10.2"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
+    with _crictl_through_mirror(tmp_path, pin_ca=False) as crictl:
+        pulled = subprocess.run(
+            [*crictl, "pull", "registry.k8s.io/pause:3.10.2"], capture_output=True, text=True, timeout=120, check=False
+        )
         said = pulled.stderr + (tmp_path / "containerd" / "containerd.log").read_text()
     assert pulled.returncode != 0
     assert "certificate signed by unknown authority" in said, said[-3000:]
