@@ -25,7 +25,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOLS = REPO_ROOT / "tests" / "tools"
 MANIFEST = TOOLS / "kube" / "manifest.json"
 CACHE = REPO_ROOT / ".cache" / "kube"
-THIRD_PARTY = REPO_ROOT.parent / "shared" / "third_party"
+# Where the snapshots are, as tests/tools/build_plugins.sh looks for them: LABS_K8S_THIRD_PARTY, else
+# ../shared/third_party beside the checkout, else where this machine keeps it (a clean clone elsewhere).
+THIRD_PARTY_CANDIDATES = (os.environ.get("LABS_K8S_THIRD_PARTY", ""), str(REPO_ROOT.parent / "shared" / "third_party"),
+                          "/work/shared/third_party")  # fmt: skip
+
+
+def third_party() -> Path:
+    for candidate in THIRD_PARTY_CANDIDATES:
+        if candidate and (Path(candidate) / "MANIFEST.json").is_file():
+            return Path(candidate)
+    raise BuildError(f"no third_party snapshots (tried {', '.join(c for c in THIRD_PARTY_CANDIDATES if c)}): "
+                     "set LABS_K8S_THIRD_PARTY to the directory holding MANIFEST.json")  # fmt: skip
+
+
 # A build's log, kept beside its output; a failure prints its tail.
 LOG_NAME = "build.log"
 
@@ -148,7 +161,7 @@ def cache_key(build: dict[str, Any], go: str) -> str:
 def _extract_archive(build: dict[str, Any], into: Path) -> Path:
     """A module the proxy refuses, from its snapshot in ../shared/third_party, checked against the
     sha256 the manifest pins before anything is extracted."""
-    archive = THIRD_PARTY / build["archive"]["file"]
+    archive = third_party() / build["archive"]["file"]
     if not archive.is_file():
         raise BuildError(f"{archive} is missing (../shared/third_party holds the modules the Go proxy refuses)")
     if hashlib.sha256(archive.read_bytes()).hexdigest() != build["archive"]["sha256"]:
