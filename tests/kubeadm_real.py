@@ -11,6 +11,7 @@ REAL_KUBEADM_DIR_ENV, so the stand-in refuses a config the real kubeadm refuses.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,12 @@ def build() -> Path | None:
         else:
             LINKS.mkdir(parents=True, exist_ok=True)
             for name, directory in built.items():
+                # By rename: the suite's two workers may both link at once.
                 link = LINKS / f"kubeadm-{name.removeprefix('kubernetes-')}"
-                link.unlink(missing_ok=True)
-                link.symlink_to(directory / "kubeadm")
+                staged = link.with_name(f".{link.name}.{os.getpid()}")
+                staged.unlink(missing_ok=True)
+                staged.symlink_to(directory / "kubeadm")
+                staged.replace(link)
             _built.append(LINKS)
     return _built[0] if _built else None
 
