@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,7 +96,9 @@ def _containerd(root: Path, hosts_dir: Path, netns: str) -> Iterator[Path]:
     socket, in `netns` and a mount namespace of its own, so nothing it mounts is seen outside."""
     programs = kube_programs.build_one("containerd")
     root.mkdir(parents=True, exist_ok=True)
-    socket = root / "containerd.sock"
+    # A unix socket's path must fit in 108 bytes; pytest's tmp_path under CI does not (pytest-103/...).
+    sockets = Path(tempfile.mkdtemp(prefix="lk-ctrd-", dir="/tmp"))
+    socket = sockets / "containerd.sock"
     config = root / "config.toml"
     config.write_text(
         "version = 3\n"
@@ -133,6 +137,7 @@ def _containerd(root: Path, hosts_dir: Path, netns: str) -> Iterator[Path]:
         proc.terminate()
         proc.wait(timeout=60)
         log.close()
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 @contextlib.contextmanager
