@@ -129,20 +129,21 @@ system-deps:
 	bash scripts/install-test-deps.sh
 
 # On a laptop without root the vcsim tests skip with a reason; under CI=true a failed build fails.
+# Not echoed (@): make printed the recipe, so every run showed "vcsim could not be built here".
 vcsim: system-deps
-	bash tests/tools/build_vcsim.sh >/dev/null || { [ "$${CI:-}" != true ] && \
+	@bash tests/tools/build_vcsim.sh >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "vcsim could not be built here; its tests will skip (they fail under CI=true)" >&2; }
 
 # The real Pulumi CLI and the plugins the Go module proxy serves, built from Go modules
 # (tests/tools/toolchain/manifest.json says which, at which version, and which are refused).
 toolchain: system-deps
-	bash tests/tools/build_toolchain.sh >/dev/null || { [ "$${CI:-}" != true ] && \
+	@bash tests/tools/build_toolchain.sh >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "the Pulumi toolchain could not be built here; the real-engine tests will skip (they fail under CI=true)" >&2; }
 
 # The real kubeadm of every Kubernetes minor the lab supports or upgrades between, built from the
 # Go module proxy (tests/tools/kubeadm/manifest.json): it validates and dry-runs what we render.
 kubeadm: system-deps
-	bash tests/tools/build_kubeadm.sh >/dev/null || { [ "$${CI:-}" != true ] && \
+	@bash tests/tools/build_kubeadm.sh >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "kubeadm could not be built here; the real-kubeadm tests will skip (they fail under CI=true)" >&2; }
 
 # Two workers: the lab in a box beside the rest of the suite (tests/conftest.py says why).
@@ -154,12 +155,15 @@ test: venv-dev system-deps vcsim toolchain kubeadm
 	$(PY) -m pytest -n 2
 
 # The lab in a box (tests/box_cli.py, README "Try it without a vCenter"): vcsim, the package
-# mirror and a host per clone under .box/, then `make up` against them; box-down removes it all.
-box: venv-dev system-deps vcsim toolchain
-	$(PY) -m tests.box_cli up
+# mirror and a host per clone under $(BOX), then `make up` against them; box-down removes it all.
+# No make prerequisites: box_cli checks root, Linux and the tools first, under the machine's
+# python3, then runs the builds itself (one line each, their output to a log).
+BOX ?= .box
+box:
+	@$(PYTHON) -m tests.box_cli up $(BOX)
 
-box-down: venv-dev
-	$(PY) -m tests.box_cli down
+box-down:
+	@$(PYTHON) -m tests.box_cli down $(BOX)
 
 lint: venv-dev
 	$(VENV)/bin/ruff check .

@@ -7,6 +7,10 @@ as a user would, writes the kubeconfig output to `.box/kubeconfig` and keeps the
 foreground follows its log and prints where the kubeconfig and the logs are. `down` stops the
 holder, which tears down everything it made (hosts, namespaces, vcsim, the mirror), and removes
 `.box/`. Linux and root only: the box is network and mount namespaces.
+
+`up` runs under the machine's python3 (stdlib only): it checks the prerequisites before anything is
+installed or compiled, then runs the builds (each one line on the terminal, its detail in
+`.box/build.log`), then starts the holder in the virtualenv.
 """
 
 from __future__ import annotations
@@ -20,10 +24,84 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 BOX_ROOT = REPO / ".box"
 UP_TIMEOUT_S = 3600
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+
+
+class Build(NamedTuple):
+    """One thing `make box` installs or compiles before the box: a name for the terminal, a command."""
+
+    name: str
+    argv: tuple[str, ...]
+
+
+# In make's order for `make test`; the first run compiles the Pulumi CLI and plugins (~10 min on
+# 2 cores), later runs find each cached and take seconds.
+BUILDS = [
+    Build("the virtualenv (pinned Python packages)", ("make", "--no-print-directory", "venv-dev")),
+    Build("system packages (apt: haproxy, keepalived, cloud-init, debootstrap, ...)",
+          ("bash", "scripts/install-test-deps.sh")),
+    Build("vcsim (Go, from the module proxy)", ("bash", "tests/tools/build_vcsim.sh")),
+    Build("the Pulumi CLI and plugins (Go; about 10 minutes the first time)",
+          ("bash", "tests/tools/build_toolchain.sh")),
+]  # fmt: skip
+# What `make box` leaves on the machine and `make box-down` does not remove: said by box-down.
+LEFT_BEHIND = """make box-down: left on this machine (shared with `make test`, kept so the next `make box` is fast):
+  system packages make box installed  bash scripts/install-test-deps.sh lists them; remove with
+                                      sudo apt-get purge <those you did not have before>
+  the box's cache (about 2-3 GB)      ~/.cache/labs-k8s (rootfs, package mirror): sudo rm -rf ~/.cache/labs-k8s
+  the built tools and Go's caches     .cache/ in this checkout and ~/go: rm -rf .cache; go clean -cache -modcache
+  Pulumi's own logs, if it wrote any  /tmp/pulumi.*.log (glog files): sudo rm -f /tmp/pulumi.*.log"""
+
+
+def problems() -> list[str]:
+    """What stops the box on this machine, found before anything is installed or compiled."""
+    if sys.platform != "linux":
+        return ["needs Linux (the box is network and mount namespaces)"]
+    if os.geteuid() != 0:
+        return ["needs root (network and mount namespaces, apt): sudo make box"]
+    found = []
+    for tool, why in (("apt-get", "Debian or Ubuntu, for the system packages"), ("git", "to copy the checkout"),
+                      ("unshare", "util-linux"), ("ip", "iproute2")):  # fmt: skip
+        if shutil.which(tool) is None:
+            found.append(f"needs {tool} ({why})")
+    go = subprocess.run(["bash", "-c", f"source {REPO}/tests/tools/go_env.sh && go_binary"],
+                        capture_output=True, text=True, check=False)  # fmt: skip
+    if go.returncode != 0:
+        found.append(go.stderr.strip() or "needs Go 1.25 or newer")
+    if sys.version_info < (3, 11) and not VENV_PYTHON.exists():
+        found.append(f"needs Python 3.11+ (python3 here is {sys.version.split()[0]}): make box PYTHON=python3.11")
+    if not found and shutil.which("unshare") is not None:
+        tried = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True, check=False)
+        if tried.returncode != 0:
+            found.append(f"cannot make network namespaces here ({tried.stderr.strip()}): a container without them?")
+    return found
+
+
+def elapsed(started: float) -> str:
+    seconds = int(time.monotonic() - started)
+    return f"[{seconds // 60:2d}:{seconds % 60:02d}]"
+
+
+def build_all(log: Path, started: float) -> bool:
+    """Each build's output into `log`, one line each on the terminal; a failure prints its tail."""
+    for build in BUILDS:
+        print(f"make box: {elapsed(started)} {build.name}", flush=True)
+        with open(log, "a") as out:
+            out.write(f"\n=== {build.name}: {' '.join(build.argv)}\n")
+            out.flush()
+            done = subprocess.run(build.argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                  check=False)  # fmt: skip
+        if done.returncode != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+            print(f"{tail}\nmake box: {build.name} failed (exit {done.returncode}); its whole output: {log}",
+                  file=sys.stderr)  # fmt: skip
+            return False
+    return True
 
 
 def _pid(root: Path) -> int | None:
@@ -69,19 +147,22 @@ def hold(root: Path) -> int:
 
 
 def up(root: Path) -> int:
-    if os.geteuid() != 0 or sys.platform != "linux":
-        print("make box: the lab in a box needs Linux and root (network and mount namespaces): sudo make box",
-              file=sys.stderr)  # fmt: skip
+    found = problems()
+    if found:
+        print("\n".join(f"make box: {problem}" for problem in found), file=sys.stderr)
         return 2
     if _pid(root) is not None:
-        print(f"make box: a box is running already ({root}); `make box-down` removes it", file=sys.stderr)
-        return 2
+        return already_up(root)
+    started = time.monotonic()
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     log = root / "holder.log"
+    print(f"make box: logs: {root}/build.log (the builds), {log} (the box)", flush=True)
+    if not build_all(root / "build.log", started):
+        return 1
     with open(log, "w") as out:
         holder = subprocess.Popen(
-            [sys.executable, "-m", "tests.box_cli", "hold", str(root)],
+            [str(VENV_PYTHON), "-m", "tests.box_cli", "hold", str(root)],
             cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     (root / "holder.pid").write_text(str(holder.pid))
@@ -99,7 +180,31 @@ def up(root: Path) -> int:
         print(f"make box: `make up` failed in the box; its output: {facts['log']}; `make box-down` removes the box",
               file=sys.stderr)  # fmt: skip
         return 1
-    print(f"""make box: the lab is up.
+    print("make box: the lab is up.")
+    report(root, facts)
+    return 0
+
+
+def already_up(root: Path) -> int:
+    """A second `make box`: the box is running; where its kubeconfig and logs are."""
+    status = root / "status.json"
+    if not status.exists():
+        print(f"make box: the box is coming up already (log: {root / 'holder.log'}); `make box-down` removes it")
+        return 0
+    facts = json.loads(status.read_text())
+    if not facts["ok"]:
+        print(f"make box: the box is running but its `make up` failed ({facts['log']}); `make box-down` removes it",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    print("make box: the box is up already; nothing was changed.")
+    report(root, facts)
+    return 0
+
+
+def report(root: Path, facts: dict[str, str]) -> None:
+    if facts.get("kubectl"):
+        print(f"  try it:      {facts['kubectl']}")
+    print(f"""  box log:     {root / "holder.log"}
   kubeconfig:  {facts["kubeconfig"]}   (its server is the VIP, reachable inside the box's namespace:
                sudo ip netns exec {facts["netns"]} curl --cacert ... https://VIP:6443/ ...)
   CLI output:  {facts["artifacts"]}
@@ -107,7 +212,6 @@ def up(root: Path) -> int:
                steps' own logs under upper/var/lib/labs-k8s/steps/ (root-only, as on a node)
   the stack:   {facts["workspace"]} (sudo ip netns exec {facts["netns"]} ... pulumi, as `make up` ran it)
   remove it:   make box-down""")
-    return 0
 
 
 def down(root: Path) -> int:
@@ -121,6 +225,7 @@ def down(root: Path) -> int:
             os.killpg(pid, signal.SIGKILL)
     shutil.rmtree(root, ignore_errors=True)
     print("make box-down: the box is gone" if pid is not None else "make box-down: no box was running")
+    print(LEFT_BEHIND)
     return 0
 
 
