@@ -16,12 +16,14 @@ installed or compiled, then runs the builds (each one line on the terminal, its 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -116,34 +118,122 @@ def _pid(root: Path) -> int | None:
     return pid
 
 
+class BoxStopped(Exception):
+    """SIGTERM (`make box-down`, or Ctrl-C in `make box`) before the box was up: unwind and tear down."""
+
+
+def sweep(pid: int) -> None:
+    """What a holder `pid` may have made and not yet undone when it was stopped mid-way (before
+    open_box's own teardown covered it): its namespaces, their processes, its hosts' CPU cgroup."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    for name in (line.split()[0] for line in listed.splitlines() if line.strip()):
+        if name.startswith((f"lk8s-engine-{pid}-", f"lk8s-box-{pid}-")):
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False)
+            for member in pids.stdout.split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(member), signal.SIGKILL)
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+    for group in (*Path("/sys/fs/cgroup").glob(f"labs-k8s-box-{pid}-*"),
+                  *Path("/sys/fs/cgroup/cpu").glob(f"labs-k8s-box-{pid}-*")):  # fmt: skip
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+def say(kind: str, text: str) -> None:
+    """A line for the foreground to print (PHASE: a phase starts; PROGRESS: how far `make up` is)."""
+    print(f"{kind} {text}", flush=True)
+
+
+def count_done(events: Path, done: threading.Event) -> None:
+    """`make up`'s progress from the engine's --event-log: resources finished, every 15 s."""
+    shown = -1
+    while not done.wait(15):
+        try:
+            finished = events.read_text(errors="replace").count('"resourceOutputsEvent"')
+        except OSError:
+            continue
+        if finished != shown:
+            say("PROGRESS", f"make up: {finished} resources done (the example has about 100)")
+            shown = finished
+
+
 def hold(root: Path) -> int:
-    """The holder: open the box, `make up`, then wait for `down` (SIGTERM)."""
+    """The holder: open the box, `make up`, then wait for `down` (SIGTERM). A SIGTERM before the box
+    is up unwinds open_box (its own teardown), then `sweep` takes what was made before that."""
     from tests.test_lab_box import open_box
 
-    stop = {"requested": False}
+    state = {"up": False, "stop": False}
 
     def on_term(*_: object) -> None:
-        stop["requested"] = True
+        if state["up"]:
+            state["stop"] = True
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one unwind; the teardown is not cut short
+        raise BoxStopped
 
     signal.signal(signal.SIGTERM, on_term)
     status = root / "status.json"
-    with open_box(root / "run") as box:
-        lab = box.lab
-        print(f"box: vcsim and the mirror are up; `make up` runs now (CLI output: {lab.artifacts})", flush=True)
-        up = lab.make("up", args="--yes", timeout=UP_TIMEOUT_S, cli_parallel=True)
-        facts: dict[str, object] = {"ok": up.ok, "log": str(up.log), "artifacts": str(lab.artifacts),
-                                    "netns": lab.netns, "workspace": str(lab.workspace)}  # fmt: skip
-        if up.ok:
-            shown = lab.pulumi("stack", "output", "--stack", lab.stack, "--show-secrets", "kubeconfig")
-            kubeconfig = root / "kubeconfig"
-            kubeconfig.touch(mode=0o600)
-            kubeconfig.write_text(shown.stdout)
-            facts["kubeconfig"] = str(kubeconfig)
-        status.write_text(json.dumps(facts))
-        while not stop["requested"]:
-            time.sleep(1)
-        print("box: stopping", flush=True)
+    try:
+        with open_box(root / "run", progress=lambda text: say("PHASE", text)) as box:
+            lab = box.lab
+            say("PHASE", f"make up --yes against the box (the CLI's output: {lab.artifacts})")
+            done = threading.Event()
+            threading.Thread(target=count_done, args=(lab.next_make_events("up"), done), daemon=True).start()
+            up = lab.make("up", args="--yes", timeout=UP_TIMEOUT_S, cli_parallel=True)
+            done.set()
+            facts: dict[str, object] = {"ok": up.ok, "log": str(up.log), "artifacts": str(lab.artifacts),
+                                        "netns": lab.netns, "workspace": str(lab.workspace)}  # fmt: skip
+            if up.ok:
+                shown = lab.pulumi("stack", "output", "--stack", lab.stack, "--show-secrets", "kubeconfig")
+                kubeconfig = root / "kubeconfig"
+                kubeconfig.touch(mode=0o600)
+                kubeconfig.write_text(shown.stdout)
+                facts["kubeconfig"] = str(kubeconfig)
+            state["up"] = True
+            status.write_text(json.dumps(facts))
+            while not state["stop"]:
+                time.sleep(1)
+            print("box: stopping", flush=True)
+    except BoxStopped:
+        print("box: stopped before it was up; tearing down", flush=True)
+    finally:
+        sweep(os.getpid())
     return 0
+
+
+def follow(log: Path, offset: int, started: float) -> int:
+    """Print the holder's PHASE and PROGRESS lines written since `offset`; the new offset."""
+    with open(log, "rb") as text:
+        text.seek(offset)
+        chunk = text.read()
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    for line in complete.decode(errors="replace").splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind in ("PHASE", "PROGRESS"):
+            print(f"make box: {elapsed(started)} {rest}", flush=True)
+    return offset + len(complete)
+
+
+def interrupted(root: Path, holder: subprocess.Popen[bytes]) -> int:
+    """Ctrl-C after the holder started: tear the box down as box-down does; a second Ctrl-C leaves
+    that to the holder, in one line."""
+    print("make box: Ctrl-C: tearing the box down, as make box-down does (Ctrl-C again: leave it to finish "
+          "in the background)", file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        holder.send_signal(signal.SIGTERM)
+        try:
+            holder.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(holder.pid, signal.SIGKILL)
+            sweep(holder.pid)
+    except KeyboardInterrupt:
+        print(f"make box: the box goes on tearing itself down in the background (pid {holder.pid}); "
+              f"`make box-down` waits for it and removes {root}", file=sys.stderr)  # fmt: skip
+        return 130
+    shutil.rmtree(root, ignore_errors=True)
+    print("make box: the box is gone", file=sys.stderr)
+    return 130
 
 
 def up(root: Path) -> int:
@@ -158,23 +248,33 @@ def up(root: Path) -> int:
     root.mkdir(parents=True)
     log = root / "holder.log"
     print(f"make box: logs: {root}/build.log (the builds), {log} (the box)", flush=True)
-    if not build_all(root / "build.log", started):
-        return 1
+    try:
+        if not build_all(root / "build.log", started):
+            return 1
+    except KeyboardInterrupt:
+        print("make box: Ctrl-C during the builds; no box was started (the next make box builds what did not "
+              "finish)", file=sys.stderr)  # fmt: skip
+        return 130
     with open(log, "w") as out:
         holder = subprocess.Popen(
             [str(VENV_PYTHON), "-m", "tests.box_cli", "hold", str(root)],
             cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     (root / "holder.pid").write_text(str(holder.pid))
-    print(f"make box: starting the box (log: {log})", flush=True)
     status = root / "status.json"
     deadline = time.monotonic() + UP_TIMEOUT_S + 600
-    while not status.exists():
-        if holder.poll() is not None or time.monotonic() > deadline:
-            print(f"make box: the box stopped before `make up` finished; see {log}", file=sys.stderr)
-            print(log.read_text()[-3000:], file=sys.stderr)
-            return 1
-        time.sleep(2)
+    offset = 0
+    try:
+        while not status.exists():
+            offset = follow(log, offset, started)
+            if holder.poll() is not None or time.monotonic() > deadline:
+                print(f"make box: the box stopped before `make up` finished; see {log}", file=sys.stderr)
+                print(log.read_text()[-3000:], file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return interrupted(root, holder)
+    follow(log, offset, started)
     facts = json.loads(status.read_text())
     if not facts["ok"]:
         print(f"make box: `make up` failed in the box; its output: {facts['log']}; `make box-down` removes the box",
@@ -234,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("up", "down", "hold"))
     parser.add_argument("root", nargs="?", type=Path, default=BOX_ROOT)
     args = parser.parse_args(argv)
-    return {"up": up, "down": down, "hold": hold}[args.action](args.root)
+    try:
+        return {"up": up, "down": down, "hold": hold}[args.action](args.root)
+    except KeyboardInterrupt:  # before anything started, or in box-down: a line, not a traceback
+        print("make box: Ctrl-C; nothing more was done (a box already running stays: make box-down)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

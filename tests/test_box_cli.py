@@ -4,10 +4,13 @@ terminal shows, the order of the checks, Ctrl-C, and what the build scripts assu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,71 @@ def test_each_build_prints_one_line_and_keeps_its_detail_in_the_log(
     assert box_cli.build_all(log, started=0.0) is False
     captured = capsys.readouterr()
     assert "vcsim failed" in captured.err and "the error" in captured.err and str(log) in captured.err, captured
+
+
+def box_processes(pid: int) -> list[str]:
+    """What a holder `pid` made that is still there: its namespaces, and the holder itself."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    left = [line.split()[0] for line in listed.splitlines() if f"-{pid}-" in line]
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, 0)
+        left.append(f"the holder, pid {pid}")
+    return left
+
+
+def interrupt_when(proc: subprocess.Popen[str], wanted: str, timeout: float) -> list[str]:
+    """Read `proc`'s output until a line holds `wanted`, then Ctrl-C it as a terminal does (SIGINT
+    to its whole process group); the lines read."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        lines.append(line)
+        if wanted in line:
+            os.killpg(proc.pid, signal.SIGINT)
+            return lines
+        assert time.monotonic() < deadline, f"no {wanted!r} in {timeout:g}s:\n{''.join(lines)}"
+    raise AssertionError(f"ended before {wanted!r}:\n{''.join(lines)}")
+
+
+def test_ctrl_c_during_the_builds_says_so_in_one_line(tmp_path: Path) -> None:
+    script = (
+        "import sys; from tests import box_cli\n"
+        "box_cli.BUILDS = [box_cli.Build('a slow build', ('sleep', '60'))]\n"
+        "sys.exit(box_cli.main(['up', sys.argv[1]]))\n"
+    )
+    require_root()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "box")], cwd=REPO_ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    lines = interrupt_when(proc, "a slow build", timeout=60)
+    rest, _ = proc.communicate(timeout=30)
+    output = "".join(lines) + rest
+    assert proc.returncode == 130, output
+    assert "Traceback" not in output, output
+    assert rest.strip().splitlines() == [
+        "make box: Ctrl-C during the builds; no box was started (the next make box builds what did not finish)"
+    ], output
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(3600)
+def test_ctrl_c_mid_way_tears_the_box_down(tmp_path: Path) -> None:
+    """Ctrl-C while the box comes up (its holder runs in a session of its own): the box is torn down
+    as `make box-down` does, without a traceback, and nothing of it is left."""
+    require_root()
+    root = tmp_path / "box"
+    proc = subprocess.Popen(
+        ["make", "--no-print-directory", "box", f"BOX={root}"], cwd=REPO_ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    lines = interrupt_when(proc, "vcsim, the CLI's namespace", timeout=3000)
+    holder = int((root / "holder.pid").read_text())
+    rest, _ = proc.communicate(timeout=600)
+    output = "".join(lines) + rest
+    assert "Traceback" not in output, output
+    assert "make box: Ctrl-C: tearing the box down" in output, output
+    assert "make box: the box is gone" in output, output
+    assert box_processes(holder) == [], output
+    assert not root.exists(), output
