@@ -39,7 +39,7 @@ PIP := $(VENV)/bin/pip
 # Our lock files hold PyPI hashes: ignore machine-wide pip settings (extra indexes, find-links).
 PIP_ENV := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=
 
-.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain kubeadm stack-named box box-down
+.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain kubeadm stack-named box box-down box-shell
 
 help:
 	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack \$$STACK"
@@ -56,6 +56,7 @@ help:
 	@echo "make venv     only the virtualenv .venv with the pinned runtime dependencies (Python 3.11+)"
 	@echo "make lock     renew requirements*.txt (pinned, with hashes) from requirements*.in"
 	@echo "make box      no vCenter? the lab in a box (Linux, root): vcsim and a host per VM, then make up"
+	@echo "make box-shell a shell on the box's stack (pulumi, its PULUMI_HOME and passphrase set)"
 	@echo "make box-down remove everything make box made"
 	@echo "make bench    print the benchmarks' figures (as root: the failover bench runs in network namespaces)"
 
@@ -164,6 +165,10 @@ box:
 
 box-down:
 	@$(PYTHON) -m tests.box_cli down $(BOX)
+
+# A shell in the box's namespace with the toolchain on PATH, its PULUMI_HOME and passphrase.
+box-shell:
+	@$(PYTHON) -m tests.box_cli shell $(BOX)
 
 lint: venv-dev
 	$(VENV)/bin/ruff check .

@@ -3,7 +3,8 @@ without a vCenter"; docs/testing.md, "The lab in a box", says what is real and w
 
 `up` starts a holder process in the background that opens the box (tests/test_lab_box.py
 `open_box`: vcsim, the package mirror, a host per clone) under `.box/`, runs `make up` against it
-as a user would, writes the kubeconfig output to `.box/kubeconfig` and keeps the box running; the
+as a user would, writes the kubeconfig output to `.box/kubeconfig`, its server a port on 127.0.0.1
+forwarded into the box's VIP (`loopback_kubeconfig`), and keeps the box running; the
 foreground follows its log and prints where the kubeconfig and the logs are. `down` stops the
 holder, which tears down everything it made (hosts, namespaces, vcsim, the mirror), and removes
 `.box/`. Linux and root only: the box is network and mount namespaces.
@@ -17,14 +18,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import NamedTuple
 
@@ -118,6 +122,71 @@ def _pid(root: Path) -> int | None:
     return pid
 
 
+CLONE_NEWNET = 0x40000000  # <sched.h>; os.setns is Python 3.12+
+
+
+def netns_connect(netns: str, address: tuple[str, int]) -> socket.socket:
+    """A TCP connection made from inside `netns`: this thread joins it for the connect only (a
+    network namespace is per thread, and a socket keeps the namespace it was made in)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(f"/run/netns/{netns}") as target, open("/proc/thread-self/ns/net") as own:
+        if libc.setns(target.fileno(), CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {netns}")
+        try:
+            connection = socket.create_connection(address, timeout=10)
+        finally:
+            if libc.setns(own.fileno(), CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")  # this thread ends; no socket of it is used
+    connection.settimeout(None)
+    return connection
+
+
+def pump(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+def forward(listener: socket.socket, netns: str, address: tuple[str, int]) -> None:
+    """Each connection to `listener` (127.0.0.1 on the machine) relayed to `address` inside `netns`,
+    byte for byte: TLS is the API server's, end to end, and the machine never routes to `address`."""
+
+    def relay(client: socket.socket) -> None:
+        try:
+            upstream = netns_connect(netns, address)
+        except OSError:
+            client.close()
+            return
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+        pump(client, upstream)
+
+    while True:
+        client, _ = listener.accept()
+        threading.Thread(target=relay, args=(client,), daemon=True).start()
+
+
+def loopback_kubeconfig(text: str, netns: str) -> tuple[str, int]:
+    """The stack's kubeconfig (its server the VIP, only inside the box) for the machine: the server
+    a loopback port forwarded to the VIP, the certificate still checked against the cluster CA
+    under the VIP's name (tls-server-name: the API server's certificate names the VIP)."""
+    import yaml
+
+    config = yaml.safe_load(text)
+    (cluster,) = config["clusters"]
+    server = urllib.parse.urlsplit(cluster["cluster"]["server"])
+    assert server.hostname is not None
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))  # loopback only: nothing off the machine reaches the box
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    threading.Thread(target=forward, args=(listener, netns, (server.hostname, server.port or 443)), daemon=True).start()
+    cluster["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    cluster["cluster"]["tls-server-name"] = server.hostname
+    return yaml.safe_dump(config, sort_keys=False), port
+
+
 class BoxStopped(Exception):
     """SIGTERM (`make box-down`, or Ctrl-C in `make box`) before the box was up: unwind and tear down."""
 
@@ -185,10 +254,18 @@ def hold(root: Path) -> int:
                                         "netns": lab.netns, "workspace": str(lab.workspace)}  # fmt: skip
             if up.ok:
                 shown = lab.pulumi("stack", "output", "--stack", lab.stack, "--show-secrets", "kubeconfig")
+                text, port = loopback_kubeconfig(shown.stdout, lab.netns)
                 kubeconfig = root / "kubeconfig"
                 kubeconfig.touch(mode=0o600)
-                kubeconfig.write_text(shown.stdout)
-                facts["kubeconfig"] = str(kubeconfig)
+                kubeconfig.write_text(text)
+                # The box's API servers are stand-ins: /readyz, /version and /api answer, not yet `get nodes`.
+                facts |= {"kubeconfig": str(kubeconfig), "port": port,
+                          "kubectl": f"KUBECONFIG={kubeconfig} kubectl get --raw /readyz"}  # fmt: skip
+            # What `make box-shell` needs: the namespace, the trust store, the environment make up had.
+            shell_facts = {"netns": lab.netns, "trust_store": str(lab.trust_store), "workspace": str(lab.workspace),
+                           "env": lab.env(STACK=lab.stack)}  # fmt: skip
+            (root / "shell.json").touch(mode=0o600)
+            (root / "shell.json").write_text(json.dumps(shell_facts))
             state["up"] = True
             status.write_text(json.dumps(facts))
             while not state["stop"]:
@@ -304,14 +381,34 @@ def already_up(root: Path) -> int:
 def report(root: Path, facts: dict[str, str]) -> None:
     if facts.get("kubectl"):
         print(f"  try it:      {facts['kubectl']}")
+    shell = "make box-shell" if root.resolve() == BOX_ROOT else f"make box-shell BOX={root}"
     print(f"""  box log:     {root / "holder.log"}
-  kubeconfig:  {facts["kubeconfig"]}   (its server is the VIP, reachable inside the box's namespace:
-               sudo ip netns exec {facts["netns"]} curl --cacert ... https://VIP:6443/ ...)
+  kubeconfig:  {facts["kubeconfig"]}   (server 127.0.0.1:{facts.get("port")}, forwarded into the box's VIP;
+               the API server's certificate is checked. The box's API servers are stand-ins: /readyz,
+               /version and /api answer, `kubectl get nodes` waits for the real Kubernetes)
   CLI output:  {facts["artifacts"]}
   host logs:   {root}/run/hosts/<VM>-<uuid>/upper/var/log/labs-k8s-* (boot, sshd, units), and the
                steps' own logs under upper/var/lib/labs-k8s/steps/ (root-only, as on a node)
-  the stack:   {facts["workspace"]} (sudo ip netns exec {facts["netns"]} ... pulumi, as `make up` ran it)
+  the stack:   {shell}   (a shell in the box's namespace, in {facts["workspace"]},
+               with its pulumi, PULUMI_HOME and passphrase: pulumi stack output, make preview)
   remove it:   make box-down""")
+
+
+def shell(root: Path) -> int:
+    """`make box-shell`: bash in the box's namespace, the workspace and environment `make up` had."""
+    try:
+        facts = json.loads((root / "shell.json").read_text())
+    except OSError:
+        print(f"make box-shell: no box is up in {root}: make box", file=sys.stderr)
+        return 2
+    print(f"make box-shell: the box's stack ({facts['env']['STACK']}) in its namespace; `exit` leaves",
+          file=sys.stderr, flush=True)  # fmt: skip
+    env = {**facts["env"], "PS1": "(box) \\w\\$ ", "TERM": os.environ.get("TERM", "dumb")}
+    mount = 'mount --bind "$1" /etc/ssl/certs && shift && exec "$@"'  # tests/pulumi_engine.py in_lab
+    interactive = ["-i"] if sys.stdin.isatty() else []
+    os.chdir(facts["workspace"])
+    os.execvpe("ip", ["ip", "netns", "exec", facts["netns"], "sh", "-c", mount, "sh", facts["trust_store"],
+                      "bash", "--norc", *interactive], env)  # fmt: skip
 
 
 def down(root: Path) -> int:
@@ -331,11 +428,11 @@ def down(root: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.box_cli")
-    parser.add_argument("action", choices=("up", "down", "hold"))
+    parser.add_argument("action", choices=("up", "down", "hold", "shell"))
     parser.add_argument("root", nargs="?", type=Path, default=BOX_ROOT)
     args = parser.parse_args(argv)
     try:
-        return {"up": up, "down": down, "hold": hold}[args.action](args.root)
+        return {"up": up, "down": down, "hold": hold, "shell": shell}[args.action](args.root)
     except KeyboardInterrupt:  # before anything started, or in box-down: a line, not a traceback
         print("make box: Ctrl-C; nothing more was done (a box already running stays: make box-down)", file=sys.stderr)
         return 130

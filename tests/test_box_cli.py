@@ -4,20 +4,26 @@ terminal shows, the order of the checks, Ctrl-C, and what the build scripts assu
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import ipaddress
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from components.tools.offline import REPO_ROOT
 from tests import box_cli
-from tests.requirements import require_root
+from tests.requirements import require_root, require_tool
 
 
 def test_no_tracked_file_names_a_directory_of_one_machine() -> None:
@@ -165,3 +171,194 @@ def test_ctrl_c_mid_way_tears_the_box_down(tmp_path: Path) -> None:
     assert "make box: the box is gone" in output, output
     assert box_processes(holder) == [], output
     assert not root.exists(), output
+
+
+EXAMPLE_NETWORK = ipaddress.ip_network("10.3.60.0/24")  # Pulumi.labs.yaml's node network: the box's
+
+
+@pytest.fixture(scope="module")
+def made_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
+    """`make box` as a user types it (in a directory of the test's own), then `make box-down`."""
+    require_root()
+    root = tmp_path_factory.mktemp("made-box") / "box"
+    run = subprocess.run(
+        ["make", "--no-print-directory", "box", f"BOX={root}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=3500, check=False,
+    )  # fmt: skip
+    try:
+        yield root, run
+    finally:
+        subprocess.run(["make", "--no-print-directory", "box-down", f"BOX={root}"], cwd=REPO_ROOT, check=False)
+
+
+def printed(run: subprocess.CompletedProcess[str], label: str) -> str:
+    lines = [line.split(label, 1)[1].strip() for line in run.stdout.splitlines() if label in line]
+    assert lines, f"no {label!r} line:\n{run.stdout}{run.stderr}"
+    return lines[0]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(3600)
+def test_make_box_prints_each_phase_and_one_line_per_build(
+    made_box: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    root, run = made_box
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"make box: logs: {root}/build.log (the builds), {root}/holder.log (the box)", run.stdout
+    for phase in ("the virtualenv", "system packages", "vcsim (Go", "the Pulumi CLI and plugins", "sealed template",
+                  "package mirror", "vcsim, the CLI's namespace", "make up --yes", "the lab is up"):  # fmt: skip
+        assert any(phase in line for line in lines), f"no {phase!r} line:\n{run.stdout}"
+    assert all(re.match(r"make box: \[ ?\d+:\d\d\] ", line) for line in lines[1:9]), run.stdout
+    for chatter in ("go: upgraded", "could not be built", "warning:"):
+        assert chatter not in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(3600)
+def test_the_printed_kubectl_line_works_from_the_machine_over_loopback(
+    made_box: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """Major 1: the kubeconfig's server is a loopback port forwarded into the box's VIP, and a real
+    kubectl verifies the API server's certificate through it."""
+    root, run = made_box
+    line = printed(run, "try it:")
+    assert line.startswith(f"KUBECONFIG={root}/kubeconfig kubectl "), line
+    config = yaml.safe_load((root / "kubeconfig").read_text())
+    cluster = config["clusters"][0]["cluster"]
+    server = urllib.parse.urlsplit(cluster["server"])
+    assert server.hostname == "127.0.0.1", cluster
+    assert "insecure-skip-tls-verify" not in (root / "kubeconfig").read_text()
+    assert cluster["certificate-authority-data"] and cluster["tls-server-name"], cluster
+    listening = subprocess.run(["ss", "-Hltn", f"sport = :{server.port}"], capture_output=True, text=True, check=True)
+    assert [row.split()[3] for row in listening.stdout.splitlines()] == [f"127.0.0.1:{server.port}"], listening.stdout
+    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+    # And a certificate it does not name is refused: the check is real.
+    config["clusters"][0]["cluster"]["tls-server-name"] = "not-the-api-server.example"
+    (root / "wrong-name").write_text(yaml.safe_dump(config))
+    (root / "wrong-name").chmod(0o600)
+    refused = subprocess.run(["kubectl", "--kubeconfig", str(root / "wrong-name"), "get", "--raw", "/readyz"],
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert refused.returncode != 0 and "certificate" in refused.stderr, refused.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(3600)
+def test_the_machine_has_no_route_or_socket_to_the_example_addresses(
+    made_box: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """The example's addresses live only inside the box's namespaces: nothing the box does may send
+    traffic to them on the machine's own network (the user's network may have them)."""
+    _, run = made_box
+    subprocess.run(["bash", "-c", printed(run, "try it:")], capture_output=True, timeout=60, check=False)
+    found = []
+    addresses = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    routes = subprocess.run(["ip", "route", "show", "table", "all"], capture_output=True, text=True, check=True).stdout
+    sockets = subprocess.run(["ss", "-Htanu"], capture_output=True, text=True, check=True).stdout
+    for kind, text in (("address", addresses), ("route", routes), ("socket", sockets)):
+        for line in text.splitlines():
+            for word in re.findall(r"\d+\.\d+\.\d+\.\d+", line):
+                if ipaddress.ip_address(word) in EXAMPLE_NETWORK:
+                    found.append(f"{kind}: {line}")
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(3600)
+def test_make_box_shell_reaches_the_boxs_stack(made_box: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    root, run = made_box
+    assert f"make box-shell BOX={root}" in printed(run, "the stack:"), run.stdout
+    shell = subprocess.run(
+        ["make", "--no-print-directory", "box-shell", f"BOX={root}"], cwd=REPO_ROOT, capture_output=True, text=True,
+        input="pulumi stack output --stack mysite apiEndpoint\n", timeout=300, check=False,
+    )  # fmt: skip
+    assert shell.returncode == 0, shell.stdout + shell.stderr
+    assert "10.3.60.100" in shell.stdout, shell.stdout + shell.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(3600)
+def test_a_second_make_box_with_the_box_up_repeats_where_things_are(
+    made_box: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    root, run = made_box
+    again = subprocess.run(
+        ["make", "--no-print-directory", "box", f"BOX={root}"], cwd=REPO_ROOT, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "the box is up already" in again.stdout, again.stdout
+    assert printed(again, "try it:") == printed(run, "try it:")
+
+
+READYZ_SERVER = """
+import http.server, ssl, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Type", "text/plain"); self.end_headers()
+        self.wfile.write(b"ok")
+server = http.server.HTTPServer(("10.3.60.100", 6443), Handler)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(sys.argv[1], sys.argv[2])
+server.socket = context.wrap_socket(server.socket, server_side=True)
+print("READY", flush=True)
+server.serve_forever()
+"""
+
+
+def test_the_loopback_kubeconfig_reaches_a_server_only_inside_a_namespace(tmp_path: Path) -> None:
+    """The forwarder without the box: a TLS server on the example's VIP inside a namespace of the
+    test's own, the stack's kind of kubeconfig (server the VIP, the CA's data) rewritten for a
+    loopback port, and the machine's real kubectl through it, the certificate checked."""
+    require_root()
+    require_tool("openssl", "kubectl")
+    pki = tmp_path / "pki"
+    pki.mkdir()
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=pki, capture_output=True, check=True)
+
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+            "-subj", "/CN=box test CA", "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=kube-apiserver",
+            "-keyout", "server.key", "-out", "server.csr")  # fmt: skip
+    (pki / "ext").write_text("subjectAltName=DNS:kubernetes,IP:10.3.60.100\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "1", "-extfile", "ext", "-out", "server.crt")  # fmt: skip
+    netns = f"lk8s-boxtest-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    server = None
+    try:
+        subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
+        subprocess.run(["ip", "-n", netns, "addr", "add", "10.3.60.100/32", "dev", "lo"], check=True)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-c", READYZ_SERVER, str(pki / "server.crt"),
+             str(pki / "server.key")], stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert server.stdout is not None and server.stdout.readline().strip() == "READY"
+        ca = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
+        stack_kubeconfig = yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "labs",
+            "clusters": [{"name": "labs", "cluster": {"server": "https://10.3.60.100:6443",
+                                                      "certificate-authority-data": ca}}],
+            "users": [{"name": "admin", "user": {"token": "not-checked-by-this-server"}}],
+            "contexts": [{"name": "labs", "context": {"cluster": "labs", "user": "admin"}}],
+        })  # fmt: skip
+        text, port = box_cli.loopback_kubeconfig(stack_kubeconfig, netns)
+        config = yaml.safe_load(text)
+        assert config["clusters"][0]["cluster"]["server"] == f"https://127.0.0.1:{port}"
+        assert "insecure-skip-tls-verify" not in text
+        (tmp_path / "kubeconfig").write_text(text)
+        kubectl = ["kubectl", "--kubeconfig", str(tmp_path / "kubeconfig"), "get", "--raw", "/readyz"]
+        done = subprocess.run(kubectl, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+        config["clusters"][0]["cluster"]["tls-server-name"] = "not-the-api-server.example"
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+        refused = subprocess.run(kubectl, capture_output=True, text=True, timeout=60, check=False)
+        assert refused.returncode != 0 and "certificate" in refused.stderr, refused.stdout + refused.stderr
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "netns", "del", netns], check=False)
