@@ -362,3 +362,62 @@ def test_the_loopback_kubeconfig_reaches_a_server_only_inside_a_namespace(tmp_pa
             server.kill()
             server.wait()
         subprocess.run(["ip", "netns", "del", netns], check=False)
+
+
+# A daemon whose init script returns once it signalled it, as Debian's keepalived script does
+# (start-stop-daemon --stop without --retry), that takes a second to exit, and has no status action.
+SLOW_DAEMON = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)))\n"
+INIT_SCRIPT = """#!/bin/sh
+case "$1" in
+start) pidof box-slowd >/dev/null || { setsid {daemon} -c '{code}' </dev/null >/dev/null 2>&1 & } ;;
+stop) kill $(pidof box-slowd) 2>/dev/null; exit 0 ;;
+*) echo "Usage: /etc/init.d/box-slowd {start|stop|restart}" >&2; exit 3 ;;
+esac
+"""
+
+
+def host_systemctl(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """`script` with the box's systemctl stand-in as `systemctl`, its /etc/init.d, /etc/systemd and
+    /var/log the test's own (a mount namespace of its own)."""
+    for sub in ("init.d", "systemd", "log", "bin"):
+        (tmp_path / sub).mkdir(exist_ok=True)
+    (tmp_path / "bin" / "box-slowd").symlink_to(os.path.realpath(sys.executable))
+    init = tmp_path / "init.d" / "box-slowd"
+    code = SLOW_DAEMON + "time.sleep(600)\n"
+    init.write_text(INIT_SCRIPT.replace("{daemon}", str(tmp_path / "bin" / "box-slowd")).replace("{code}", code))
+    init.chmod(0o755)
+    (tmp_path / "bin" / "systemctl").symlink_to(REPO_ROOT / "tests/tools/box/sbin/systemctl.sh")
+    mounts = " && ".join(f"mount --bind {tmp_path / sub} {target}" for sub, target in
+                         (("init.d", "/etc/init.d"), ("systemd", "/etc/systemd"), ("log", "/var/log")))  # fmt: skip
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", f"{mounts} && {script}"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"PATH": f"{tmp_path / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+    )  # fmt: skip
+
+
+def test_the_boxs_systemctl_stop_returns_once_the_daemon_is_gone(tmp_path: Path) -> None:
+    require_root()
+    try:
+        run = host_systemctl(tmp_path, "systemctl start box-slowd && sleep 0.5 && systemctl stop box-slowd && "
+                                       "{ pidof box-slowd && echo STILL-RUNNING; true; } && systemctl start box-slowd "
+                                       "&& sleep 0.5 && pidof box-slowd >/dev/null && echo RESTARTED")  # fmt: skip
+        assert "STILL-RUNNING" not in run.stdout, run.stdout + run.stderr
+        assert "RESTARTED" in run.stdout, run.stdout + run.stderr
+    finally:
+        subprocess.run(["pkill", "-KILL", "-x", "box-slowd"], check=False)
+
+
+def test_the_boxs_systemctl_status_answers_as_systemd_does(tmp_path: Path) -> None:
+    require_root()
+    try:
+        run = host_systemctl(tmp_path, "systemctl start box-slowd; sleep 0.5; systemctl status box-slowd; "
+                                       "echo EXIT=$?; systemctl stop box-slowd; systemctl status box-slowd; "
+                                       "echo EXIT=$?")  # fmt: skip
+    finally:
+        subprocess.run(["pkill", "-KILL", "-x", "box-slowd"], check=False)
+    output = run.stdout + run.stderr
+    assert "Usage" not in output, output
+    running, stopped = run.stdout.split("EXIT=0\n")
+    assert "● box-slowd.service - " in running and "Active: active (running)" in running, output
+    assert "Active: inactive (dead)" in stopped and stopped.rstrip().endswith("EXIT=3"), output
