@@ -56,9 +56,11 @@ BUILDS = [
           ("bash", "tests/tools/build_toolchain.sh")),
 ]  # fmt: skip
 # What `make box` leaves on the machine and `make box-down` does not remove: said by box-down.
+# The packages install-test-deps.sh installed for a box ("installed ..." lines), kept across boxes
+# so box-down can name them: the box's own log goes with the box.
+INSTALLED = Path(os.environ.get("LABS_K8S_CACHE", Path.home() / ".cache" / "labs-k8s")) / "box-installed-packages"
 LEFT_BEHIND = """make box-down: left on this machine (shared with `make test`, kept so the next `make box` is fast):
-  system packages make box installed  bash scripts/install-test-deps.sh lists them; remove with
-                                      sudo apt-get purge <those you did not have before>
+  system packages make box installed  {packages}
   the box's cache (about 2-3 GB)      ~/.cache/labs-k8s (rootfs, package mirror): sudo rm -rf ~/.cache/labs-k8s
   the built tools and Go's caches     .cache/ in this checkout and ~/go: rm -rf .cache; go clean -cache -modcache
   Pulumi's own logs, if it wrote any  /tmp/pulumi.*.log (glog files): sudo rm -f /tmp/pulumi.*.log"""
@@ -102,6 +104,13 @@ def build_all(log: Path, started: float) -> bool:
             out.flush()
             done = subprocess.run(build.argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                   check=False)  # fmt: skip
+        installed = [line.removeprefix("install-test-deps: installed ").strip()
+                     for line in log.read_text(errors="replace").splitlines()
+                     if line.startswith("install-test-deps: installed ")]  # fmt: skip
+        if installed:
+            INSTALLED.parent.mkdir(parents=True, exist_ok=True)
+            known = set(INSTALLED.read_text().split()) if INSTALLED.is_file() else set()
+            INSTALLED.write_text(" ".join(sorted(known | {p for line in installed for p in line.split()})) + "\n")
         if done.returncode != 0:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
             print(f"{tail}\nmake box: {build.name} failed (exit {done.returncode}); its whole output: {log}",
@@ -218,7 +227,7 @@ def count_done(events: Path, done: threading.Event) -> None:
     shown = -1
     while not done.wait(15):
         try:
-            finished = events.read_text(errors="replace").count('"resourceOutputsEvent"')
+            finished = events.read_text(errors="replace").count('"resOutputsEvent"')  # the engine's own name
         except OSError:
             continue
         if finished != shown:
@@ -391,7 +400,7 @@ def report(root: Path, facts: dict[str, str]) -> None:
                steps' own logs under upper/var/lib/labs-k8s/steps/ (root-only, as on a node)
   the stack:   {shell}   (a shell in the box's namespace, in {facts["workspace"]},
                with its pulumi, PULUMI_HOME and passphrase: pulumi stack output, make preview)
-  remove it:   make box-down""")
+  remove it:   {shell.replace("box-shell", "box-down")}""")
 
 
 def shell(root: Path) -> int:
@@ -422,7 +431,13 @@ def down(root: Path) -> int:
             os.killpg(pid, signal.SIGKILL)
     shutil.rmtree(root, ignore_errors=True)
     print("make box-down: the box is gone" if pid is not None else "make box-down: no box was running")
-    print(LEFT_BEHIND)
+    installed = sorted(set(INSTALLED.read_text().split())) if INSTALLED.is_file() else []
+    packages = (
+        f"sudo apt-get purge {' '.join(installed)}"
+        if installed
+        else "none recorded (those scripts/install-test-deps.sh lists that you did not have: sudo apt-get purge ...)"
+    )
+    print(LEFT_BEHIND.format(packages=packages))
     return 0
 
 

@@ -75,11 +75,18 @@ def test_a_second_make_box_says_the_box_is_up_and_where(tmp_path: Path, capsys: 
     assert (root / "holder.pid").exists(), "a second make box touched the running box"
 
 
-def test_box_down_says_what_it_leaves_and_how_to_remove_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_box_down_says_what_it_leaves_and_how_to_remove_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(box_cli, "INSTALLED", tmp_path / "box-installed-packages")
     assert box_cli.down(tmp_path / "box") == 0
     out = capsys.readouterr().out
-    for left in ("~/.cache/labs-k8s", "apt-get purge", "install-test-deps.sh", ".cache/", "rm -rf"):
+    for left in ("~/.cache/labs-k8s", "apt-get purge", "install-test-deps.sh", ".cache/", "rm -rf", "pulumi"):
         assert left in out, f"box-down does not mention {left!r}:\n{out}"
+    # The packages a box's build installed are named, for the one command that removes them.
+    (tmp_path / "box-installed-packages").write_text("keepalived haproxy\n")
+    assert box_cli.down(tmp_path / "box") == 0
+    assert "sudo apt-get purge haproxy keepalived" in capsys.readouterr().out
 
 
 def test_each_build_prints_one_line_and_keeps_its_detail_in_the_log(
@@ -210,6 +217,9 @@ def test_make_box_prints_each_phase_and_one_line_per_build(
                   "package mirror", "vcsim, the CLI's namespace", "make up --yes", "the lab is up"):  # fmt: skip
         assert any(phase in line for line in lines), f"no {phase!r} line:\n{run.stdout}"
     assert all(re.match(r"make box: \[ ?\d+:\d\d\] ", line) for line in lines[1:9]), run.stdout
+    done = [int(n) for n in re.findall(r"make up: (\d+) resources done", run.stdout)]
+    assert done and max(done) > 0, f"make up's progress counted nothing:\n{run.stdout}"
+    assert f"remove it:   make box-down BOX={root}" in run.stdout, run.stdout
     for chatter in ("go: upgraded", "could not be built", "warning:"):
         assert chatter not in run.stdout + run.stderr, run.stdout + run.stderr
 
