@@ -66,6 +66,19 @@ LEFT_BEHIND = """make box-down: left on this machine (shared with `make test`, k
   Pulumi's own logs, if it wrote any  /tmp/pulumi.*.log (glog files): sudo rm -f /tmp/pulumi.*.log"""
 
 
+def third_party_problem(repo: Path, environ: dict[str, str]) -> str | None:
+    """The provider plugins are compiled from source snapshots (tests/tools/build_plugins.sh): a
+    machine without them and without a built toolchain would find out after pip, apt and vcsim."""
+    if any((repo / ".cache" / "toolchain").glob("*/plugins.json")):
+        return None  # built before; build_toolchain.sh says if its inputs changed
+    for place in (environ.get("LABS_K8S_THIRD_PARTY", ""), str(repo.parent / "shared" / "third_party")):
+        if place and (Path(place) / "MANIFEST.json").is_file():
+            return None
+    return (f"needs the provider plugins' source snapshots (MANIFEST.json and the archives) in "
+            f"{repo.parent / 'shared' / 'third_party'} or the directory LABS_K8S_THIRD_PARTY names "
+            f'(README, "Try it without a vCenter")')  # fmt: skip
+
+
 def problems() -> list[str]:
     """What stops the box on this machine, found before anything is installed or compiled."""
     if sys.platform != "linux":
@@ -81,6 +94,9 @@ def problems() -> list[str]:
                         capture_output=True, text=True, check=False)  # fmt: skip
     if go.returncode != 0:
         found.append(go.stderr.strip() or "needs Go 1.25 or newer")
+    snapshots = third_party_problem(REPO, dict(os.environ))
+    if snapshots is not None:
+        found.append(snapshots)
     if sys.version_info < (3, 11) and not VENV_PYTHON.exists():
         found.append(f"needs Python 3.11+ (python3 here is {sys.version.split()[0]}): make box PYTHON=python3.11")
     if not found and shutil.which("unshare") is not None:

@@ -57,6 +57,24 @@ def test_make_box_refuses_a_user_without_root_before_it_installs_or_builds(tmp_p
         assert build not in output, f"{build} ran before the root check:\n{output}"
 
 
+def test_the_plugins_source_snapshots_are_a_prerequisite_checked_first(tmp_path: Path) -> None:
+    """Without ../shared/third_party (or LABS_K8S_THIRD_PARTY) and no toolchain built, the plugin
+    build fails after pip, apt and vcsim: the check names the directory before any of them."""
+    repo = tmp_path / "labs-k8s"
+    repo.mkdir()
+    problem = box_cli.third_party_problem(repo, {})
+    assert problem is not None and str(tmp_path / "shared" / "third_party") in problem, problem
+    assert "LABS_K8S_THIRD_PARTY" in problem, problem
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    (snapshots / "MANIFEST.json").write_text("[]")
+    assert box_cli.third_party_problem(repo, {"LABS_K8S_THIRD_PARTY": str(snapshots)}) is None
+    built = repo / ".cache" / "toolchain" / "0123"  # build_toolchain.sh's output: plugins.json beside bin/
+    built.mkdir(parents=True)
+    (built / "plugins.json").write_text("{}")
+    assert box_cli.third_party_problem(repo, {}) is None
+
+
 def test_a_second_make_box_says_the_box_is_up_and_where(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     require_root()
     root = tmp_path / "box"
