@@ -256,21 +256,35 @@ def hold(root: Path) -> int:
     is up unwinds open_box (its own teardown), then `sweep` takes what was made before that."""
     from tests.test_lab_box import open_box
 
-    state = {"up": False, "stop": False}
+    # The cached builds (debootstrap's rootfs, the recorded mirror) run in the machine's mount
+    # namespace and are not cut: a SIGTERM then waits for the next phase (`pending`); from vcsim on,
+    # everything the box makes is in its namespaces, and a SIGTERM unwinds at once.
+    state = {"up": False, "stop": False, "cuttable": False, "pending": False}
+
+    def stop_now() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one unwind; the teardown is not cut short
+        raise BoxStopped
 
     def on_term(*_: object) -> None:
         if state["up"]:
             state["stop"] = True
-            return
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one unwind; the teardown is not cut short
-        raise BoxStopped
+        elif state["cuttable"]:
+            stop_now()
+        else:
+            state["pending"] = True
+
+    def phase(text: str) -> None:
+        if state["pending"]:
+            stop_now()
+        say("PHASE", text)
+        state["cuttable"] = state["cuttable"] or text.startswith("vcsim")
 
     signal.signal(signal.SIGTERM, on_term)
     status = root / "status.json"
     try:
-        with open_box(root / "run", progress=lambda text: say("PHASE", text)) as box:
+        with open_box(root / "run", progress=phase) as box:
             lab = box.lab
-            say("PHASE", f"make up --yes against the box (the CLI's output: {lab.artifacts})")
+            phase(f"make up --yes against the box (the CLI's output: {lab.artifacts})")
             done = threading.Event()
             threading.Thread(target=count_done, args=(lab.next_make_events("up"), done), daemon=True).start()
             up = lab.make("up", args="--yes", timeout=UP_TIMEOUT_S, cli_parallel=True)
@@ -324,7 +338,8 @@ def interrupted(root: Path, holder: subprocess.Popen[bytes]) -> int:
     try:
         holder.send_signal(signal.SIGTERM)
         try:
-            holder.wait(timeout=300)
+            # A first run's rootfs build (debootstrap, minutes) finishes before the holder stops.
+            holder.wait(timeout=1800)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(holder.pid, signal.SIGKILL)
@@ -440,7 +455,7 @@ def down(root: Path) -> int:
     pid = _pid(root)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 1800  # a first run's rootfs build finishes before the holder stops
         while _pid(root) is not None and time.monotonic() < deadline:
             time.sleep(1)
         if _pid(root) is not None:

@@ -178,7 +178,12 @@ def test_ctrl_c_during_the_builds_says_so_in_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(3600)
-def test_ctrl_c_mid_way_tears_the_box_down(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "phase",
+    # the cached builds (not cut: the holder stops at the next phase), vcsim starting, make up running
+    ["the sealed template rootfs", "vcsim, the CLI's namespace", "make up: "],
+)
+def test_ctrl_c_mid_way_tears_the_box_down(tmp_path: Path, phase: str) -> None:
     """Ctrl-C while the box comes up (its holder runs in a session of its own): the box is torn down
     as `make box-down` does, without a traceback, and nothing of it is left."""
     require_root()
@@ -187,7 +192,7 @@ def test_ctrl_c_mid_way_tears_the_box_down(tmp_path: Path) -> None:
         ["make", "--no-print-directory", "box", f"BOX={root}"], cwd=REPO_ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    lines = interrupt_when(proc, "vcsim, the CLI's namespace", timeout=3000)
+    lines = interrupt_when(proc, phase, timeout=3000)
     holder = int((root / "holder.pid").read_text())
     rest, _ = proc.communicate(timeout=600)
     output = "".join(lines) + rest
