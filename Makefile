@@ -39,7 +39,7 @@ PIP := $(VENV)/bin/pip
 # Our lock files hold PyPI hashes: ignore machine-wide pip settings (extra indexes, find-links).
 PIP_ENV := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS=
 
-.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain kube stack-named box box-down
+.PHONY: help up preview destroy render test lint lock bench venv venv-dev system-deps vcsim toolchain kube stack-named box box-down box-shell
 
 help:
 	@echo "make up       create the virtualenv, install pinned dependencies, check, pulumi up --stack \$$STACK"
@@ -56,6 +56,7 @@ help:
 	@echo "make venv     only the virtualenv .venv with the pinned runtime dependencies (Python 3.11+)"
 	@echo "make lock     renew requirements*.txt (pinned, with hashes) from requirements*.in"
 	@echo "make box      no vCenter? the lab in a box (Linux, root): vcsim and a host per VM, then make up"
+	@echo "make box-shell a shell on the box's stack (pulumi, its PULUMI_HOME and passphrase set)"
 	@echo "make box-down remove everything make box made"
 	@echo "make bench    print the benchmarks' figures (as root: the failover bench runs in network namespaces)"
 
@@ -129,20 +130,21 @@ system-deps:
 	bash scripts/install-test-deps.sh
 
 # On a laptop without root the vcsim tests skip with a reason; under CI=true a failed build fails.
+# Not echoed (@): make printed the recipe, so every run showed "vcsim could not be built here".
 vcsim: system-deps
-	bash tests/tools/build_vcsim.sh >/dev/null || { [ "$${CI:-}" != true ] && \
+	@bash tests/tools/build_vcsim.sh >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "vcsim could not be built here; its tests will skip (they fail under CI=true)" >&2; }
 
 # The real Pulumi CLI and the plugins the Go module proxy serves, built from Go modules
 # (tests/tools/toolchain/manifest.json says which, at which version, and which are refused).
 toolchain: system-deps
-	bash tests/tools/build_toolchain.sh >/dev/null || { [ "$${CI:-}" != true ] && \
+	@bash tests/tools/build_toolchain.sh >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "the Pulumi toolchain could not be built here; the real-engine tests will skip (they fail under CI=true)" >&2; }
 
 # The real programs of a node (Kubernetes of each minor we support, etcd, CoreDNS, containerd, Flannel,
 # ...), built from the Go module proxy (tests/tools/kube/manifest.json, tests/kube_programs.py).
 kube: venv-dev system-deps
-	$(PY) -m tests.kube_programs build >/dev/null || { [ "$${CI:-}" != true ] && \
+	@$(PY) -m tests.kube_programs build >/dev/null || { [ "$${CI:-}" != true ] && \
 	  echo "the node programs could not be built here; the tests that run them will skip (they fail under CI=true)" >&2; }
 
 # Two workers: the lab in a box beside the rest of the suite (tests/conftest.py says why).
@@ -154,12 +156,19 @@ test: venv-dev system-deps vcsim toolchain kube
 	$(PY) -m pytest -n 2
 
 # The lab in a box (tests/box_cli.py, README "Try it without a vCenter"): vcsim, the package
-# mirror and a host per clone under .box/, then `make up` against them; box-down removes it all.
-box: venv-dev system-deps vcsim toolchain
-	$(PY) -m tests.box_cli up
+# mirror and a host per clone under $(BOX), then `make up` against them; box-down removes it all.
+# No make prerequisites: box_cli checks root, Linux and the tools first, under the machine's
+# python3, then runs the builds itself (one line each, their output to a log).
+BOX ?= .box
+box:
+	@$(PYTHON) -m tests.box_cli up $(BOX)
 
-box-down: venv-dev
-	$(PY) -m tests.box_cli down
+box-down:
+	@$(PYTHON) -m tests.box_cli down $(BOX)
+
+# A shell in the box's namespace with the toolchain on PATH, its PULUMI_HOME and passphrase.
+box-shell:
+	@$(PYTHON) -m tests.box_cli shell $(BOX)
 
 lint: venv-dev
 	$(VENV)/bin/ruff check .

@@ -57,12 +57,14 @@ def run_with() -> Callable[..., OfflineRun]:
 # scenario once either way. A scheduler of our own, not `--dist loadgroup`: xdist 3.8 groups by
 # rewriting `item._nodeid`, which pytest 9 no longer reads (Node.nodeid is `_id`), so its groups
 # were silently ignored and both workers ran the box.
-BOX_MODULE = "tests/test_lab_box.py::"
+# tests/test_box_cli.py runs `make box` itself: in the box's worker, after test_lab_box, so that the
+# suite never has two boxes up at once on two cores.
+BOX_MODULES = ("tests/test_lab_box.py::", "tests/test_box_cli.py::")
 
 
 class BoxBesideTheSuite(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
-        return "box" if nodeid.startswith(BOX_MODULE) else "suite"
+        return "box" if nodeid.startswith(BOX_MODULES) else "suite"
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> BoxBesideTheSuite:

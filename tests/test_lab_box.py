@@ -31,7 +31,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,14 +120,22 @@ def data_disks(workers: list[tuple[str, str]] | None) -> dict[str, DataDiskImage
 
 
 @contextlib.contextmanager
-def open_box(root: Path, workers: list[tuple[str, str]] | None = None) -> Iterator[Box]:
+def open_box(
+    root: Path, workers: list[tuple[str, str]] | None = None, progress: Callable[[str], None] | None = None
+) -> Iterator[Box]:
     """The box, with a stack made the README's way and the apt proxy set; `workers` (name, ip)
-    replaces the example's workers (bench/lab_box.py's 10-worker lab)."""
+    replaces the example's workers (bench/lab_box.py's 10-worker lab); `progress` is told each
+    phase as it starts (`make box` prints them)."""
     from tests.vcsim import vcsim_binary
 
+    say = progress or (lambda _: None)
+    say("the sealed template rootfs (debootstrap; cached in ~/.cache/labs-k8s after the first run)")
     rootfs = sealed_rootfs(CFG)
+    say("the package mirror (recorded from Debian's archive once, then cached)")
     snapshot = record(rootfs, (*BALANCER_PACKAGES, *NODE_PACKAGES), CACHE_ROOT / "box-mirror")
+    say("the signed stand-in Kubernetes repositories")
     repo = build_box_repo(CACHE_ROOT / "box-repo")
+    say("vcsim, the CLI's namespace and the stack")
     served = root / "iso"
     served.mkdir(parents=True)
     shutil.copy2(build_standin_netinst(root / "standin"), served / ISO_NAME)

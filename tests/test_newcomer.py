@@ -77,9 +77,9 @@ def test_every_not_yet_claim_is_the_runbooks_list_and_back():
 
 def test_the_readme_is_short_and_keeps_engine_internals_in_docs():
     """279 lines with engine internals; a newcomer needs about 150 (issue 33), plus the lab in a box's
-    few lines (issue 31)."""
+    few lines (issue 31) and what it makes real, costs and offers (issue 51, about ten more)."""
     readme = _readme()
-    assert len(readme.splitlines()) <= 195
+    assert len(readme.splitlines()) <= 205
     for internal in ("GetPackageConfig", "pulumi:providers:pulumi-python", "```mermaid", "## Layout"):
         assert internal not in readme, internal
     runbook = (REPO_ROOT / "docs" / "runbook.md").read_text()

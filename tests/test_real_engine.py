@@ -31,7 +31,7 @@ import pytest
 
 from components.tools.targets import layer_targets
 from tests.pulumi_engine import EngineLab, manifest, readme_setup, start_lab, stop_lab, toolchain_bin
-from tests.requirements import require_root, require_tool
+from tests.requirements import require_root, require_tool, unavailable
 from tests.standin_iso import build_standin_netinst
 from tests.vcsim import vcsim_binary
 
@@ -152,12 +152,15 @@ def test_an_altered_archive_is_refused_before_anything_is_extracted(tmp_path: Pa
 
 
 def third_party_dir() -> Path:
+    """LABS_K8S_THIRD_PARTY, else ../shared/third_party beside the checkout (build_plugins.sh's
+    order); without either the test cannot run."""
     from tests.pulumi_engine import REPO_ROOT
 
     for candidate in (os.environ.get("LABS_K8S_THIRD_PARTY", ""), REPO_ROOT.parent / "shared" / "third_party"):
         if candidate and (Path(candidate) / "MANIFEST.json").is_file():
             return Path(candidate)
-    return Path("/work/shared/third_party")
+    unavailable("no third_party snapshots: set LABS_K8S_THIRD_PARTY or put them at ../shared/third_party")
+    raise AssertionError("unreachable")
 
 
 def planned(lab: EngineLab, *args: str) -> list[dict[str, Any]]:

@@ -24,18 +24,18 @@ source "$TOOLS/go_env.sh"
 log() { printf 'build_plugins: %s\n' "$*" >&2; }
 go=$(go_binary)
 
-# Where the snapshots are: LABS_K8S_THIRD_PARTY, else ../shared/third_party beside the checkout
-# (a clean clone elsewhere on the same machine finds it at /work/shared/third_party).
+# Where the snapshots are: LABS_K8S_THIRD_PARTY, else ../shared/third_party beside the checkout.
+# A clone elsewhere sets LABS_K8S_THIRD_PARTY; no path of one machine is assumed.
 third_party() {
     local dir
-    for dir in "${LABS_K8S_THIRD_PARTY:-}" "$REPO/../shared/third_party" /work/shared/third_party; do
+    for dir in "${LABS_K8S_THIRD_PARTY:-}" "$REPO/../shared/third_party"; do
         if [[ -n $dir && -f $dir/MANIFEST.json ]]; then
             (cd "$dir" && pwd)
             return 0
         fi
     done
     log "no third_party snapshots: set LABS_K8S_THIRD_PARTY to the directory holding MANIFEST.json" \
-        "and the archives (tried \$LABS_K8S_THIRD_PARTY, $REPO/../shared/third_party, /work/shared/third_party)"
+        "and the archives (tried \$LABS_K8S_THIRD_PARTY and $REPO/../shared/third_party)"
     return 1
 }
 TP=$(third_party)

@@ -41,6 +41,30 @@ say() { ((quiet)) || echo "$@"; }
 running() {
     if grep -qE '^[[:space:]]*status\)' "$2"; then "$2" status >/dev/null 2>&1; else pidof "$1" >/dev/null; fi
 }
+# systemd's stop of an init script's unit: ExecStop= (the script's stop), then it waits until the
+# unit's processes are gone (TimeoutStopSec=, 90 s by default) and kills what is left. Init scripts
+# return once they signalled the daemon (keepalived's start-stop-daemon has no --retry), so a
+# `stop; start` found it still running, and its start did nothing: the service was left down.
+stop_and_wait() {
+    "$2" stop </dev/null >/dev/null || return 1
+    local i
+    for ((i = 0; i < 900; i++)); do running "$1" "$2" || return 0; sleep 0.1; done
+    pkill -KILL -x "$1" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do running "$1" "$2" || return 0; sleep 0.1; done
+    return 1
+}
+# systemctl status as systemd prints it, for what steps and a user at a node read (the Active: line,
+# the main PID, exit 0 active, 3 inactive): Debian's keepalived script has no status action, so the
+# script's usage was printed.
+show_status() {
+    local unit=$1 description=$2 active=$3 pid=${4:-} log=${5:-}
+    echo "● $unit - $description"
+    echo "     Loaded: loaded"
+    echo "     Active: $active"
+    [[ -n $pid ]] && echo "   Main PID: $pid"
+    if [[ -n $log && -f $log ]]; then echo; tail -n 10 "$log"; fi
+    return 0
+}
 # The unit's file, where systemd looks for it (the admin's directory first).
 unit_file() {
     local dir
@@ -94,8 +118,11 @@ native_unit() {
         if alive; then say activating; else say "${state:-inactive}"; fi
         return 3 ;;
     status)
-        echo "$unit - ${state:-inactive}${pid:+ (supervisor $pid)}"
-        tail -n 10 "/var/log/labs-k8s-box-unit-$unit.log" 2>/dev/null || true
+        local active="inactive (dead)"
+        if alive && [[ $state == running ]]; then active="active (running)"
+        elif alive; then active="activating (auto-restart)"
+        elif [[ $state == failed ]]; then active="failed (Result: exit-code)"; fi
+        show_status "$unit" "$unit (lab box: unit-run.sh)" "$active" "$pid" "/var/log/labs-k8s-box-unit-$unit.log"
         alive && [[ $state == running ]] || return 3 ;;
     esac
 }
@@ -150,7 +177,7 @@ start | stop | restart | reload | try-restart | reload-or-restart | is-active | 
         if [[ ! -x $script ]]; then
             case $verb in
             is-active) say inactive; status_code=3 ;;
-            status) echo "$unit: no process in the lab box"; status_code=3 ;;
+            status) show_status "$(unit_of "$unit")" "not run in the lab box" "inactive (dead)"; status_code=3 ;;
             *) echo "$(date -u +%FT%TZ) $verb $unit: no init script, nothing runs it in the box" >>/var/log/labs-k8s-box-systemctl.log ;;
             esac
             continue
@@ -158,11 +185,22 @@ start | stop | restart | reload | try-restart | reload-or-restart | is-active | 
         case $verb in
         is-active)
             if running "$name" "$script"; then say active; else say inactive; status_code=3; fi ;;
+        stop) stop_and_wait "$name" "$script" || status_code=1 ;;
+        restart)
+            stop_and_wait "$name" "$script" && "$script" start </dev/null >/dev/null || status_code=1 ;;
         try-restart)
-            if running "$name" "$script"; then "$script" restart >/dev/null || status_code=1; fi ;;
+            if running "$name" "$script"; then
+                stop_and_wait "$name" "$script" && "$script" start </dev/null >/dev/null || status_code=1
+            fi ;;
         reload-or-restart)
-            "$script" reload >/dev/null 2>&1 || "$script" restart >/dev/null || status_code=1 ;;
-        status) "$script" status || status_code=$? ;;
+            "$script" reload >/dev/null 2>&1 ||
+                { stop_and_wait "$name" "$script" && "$script" start </dev/null >/dev/null; } || status_code=1 ;;
+        status)
+            if running "$name" "$script"; then
+                show_status "$(unit_of "$unit")" "LSB: $name (lab box: $script)" "active (running)" "$(pidof -s "$name")"
+            else
+                show_status "$(unit_of "$unit")" "LSB: $name (lab box: $script)" "inactive (dead)"; status_code=3
+            fi ;;
         *) "$script" "$verb" </dev/null >/dev/null || status_code=1 ;;
         esac
     done
