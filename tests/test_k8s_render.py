@@ -511,7 +511,11 @@ def sourced(params: str) -> dict[str, str]:
 
 def test_params_are_valid_bash_with_the_configured_values() -> None:
     cfg = make_lab_config(
-        mirrors={"aptProxy": "http://apt.labs.local:3142", "registryMirror": "http://registry.labs.local:5000"},
+        mirrors={
+            "aptProxy": "http://apt.labs.local:3142",
+            "registryMirror": "http://registry.labs.local:5000",
+            "allowInsecureRegistryMirror": True,
+        },
     )
     worker = sourced(k8s.prepare_files(cfg, cfg.workers[0])[k8s.PARAMS_FILE])
     assert worker["NODE_NAME"] == "labs-k8s-w01"

@@ -1075,3 +1075,17 @@ def test_a_step_through_the_vip_copies_the_library_only_after_every_control_plan
     for reg in through_vip:
         direct = {urn.rsplit("::", 1)[-1] for urn in reg.dependencies}
         assert {f"labs-k8s-m0{i}-prepare" for i in (1, 2, 3)} <= direct, reg.name
+
+
+# --------------------------------------------------------------------------- issue 50: minor items
+
+
+def test_a_plain_http_registry_mirror_is_warned_about_at_every_preview(run_with, monkeypatch):
+    """Accepted only with mirrors.allowInsecureRegistryMirror, and then said every time, not once."""
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(str(message)))
+    mirrors = {"registryMirror": "http://registry.lab.local:5000", "allowInsecureRegistryMirror": True}
+    for preview in (True, False):
+        warnings.clear()
+        run_program("labs", overrides={"labs-k8s:mirrors": mirrors}, preview=preview)
+        assert [w for w in warnings if "labs-k8s:mirrors.registryMirror 'http://registry.lab.local:5000'" in w]

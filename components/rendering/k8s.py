@@ -74,6 +74,7 @@ UPGRADE_DRAIN_ENTRYPOINT = "upgrade-drain.sh"
 LIB_FILE = "lib.sh"
 UPGRADE_LIB_FILE = "upgrade-lib.sh"
 PARAMS_FILE = "params.env"
+REGISTRY_MIRROR_CA_FILE = "registry-mirror-ca.crt"
 INIT_CONFIG_FILE = "kubeadm-init.yaml"
 JOIN_CONFIG_FILE = "kubeadm-join.yaml"
 FLANNEL_MANIFEST_FILE = "kube-flannel.yml"
@@ -348,7 +349,8 @@ def prepare_files(cfg: LabConfig, node: Node) -> dict[str, str]:
     if node.role not in (Role.CONTROL_PLANE, Role.WORKER):
         raise ValueError(f"{node.name} is a {node.role.value}; prepare-node.sh is for Kubernetes nodes")
     disk_gib = node.data_disk_gib
-    return _script_files(
+    ca = cfg.mirrors.registry_mirror_ca
+    files = _script_files(
         PREPARE_ENTRYPOINT,
         {
             "NODE_NAME": node.name,
@@ -359,6 +361,7 @@ def prepare_files(cfg: LabConfig, node: Node) -> dict[str, str]:
             "CONTAINERD_VERSION": cfg.kubernetes.containerd_version,
             "APT_PROXY": cfg.mirrors.apt_proxy or "",
             "REGISTRY_MIRROR": cfg.mirrors.registry_mirror or "",
+            "REGISTRY_MIRROR_CA_FILE": REGISTRY_MIRROR_CA_FILE if ca else "",
             **_repository_params(cfg),
             "KUBERNETES_KEY_FINGERPRINT": cfg.mirrors.kubernetes_repository.key_fingerprint,
             "CONTAINERD_REPOSITORY_URL": cfg.mirrors.containerd_repository.url,
@@ -369,6 +372,8 @@ def prepare_files(cfg: LabConfig, node: Node) -> dict[str, str]:
             "DATA_DISK_UNIT": DATA_DISK_UNITS[node.role] if disk_gib else "",
         },
     )
+    # A public certificate: a file of the bundle, like the scripts (no secret, nothing multi-line in params).
+    return {**files, REGISTRY_MIRROR_CA_FILE: ca.strip() + "\n"} if ca else files
 
 
 def _api_params(cfg: LabConfig) -> dict[str, ParamValue]:
