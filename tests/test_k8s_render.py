@@ -316,10 +316,12 @@ def test_init_configuration_describes_the_ha_cluster() -> None:
 
     sans = cluster["apiServer"]["certSANs"]
     expected = {"10.3.60.100", "localhost", "127.0.0.1"}
-    for node in cfg.balancers + cfg.control_planes:
+    for node in cfg.control_planes:
         expected |= {node.name, str(node.ip), f"{node.name}.labs.local"}
-    assert expected <= set(sans)
-    assert {"labs-k8s-lb01", "10.3.60.50", "labs-k8s-lb02", "10.3.60.56"} <= set(sans)
+    assert set(sans) == expected
+    # The balancers pass TLS through and never terminate it: a name of theirs in the certificate
+    # would only let one of them pose as the API (issue 50).
+    assert not {"labs-k8s-lb01", "10.3.60.50", "labs-k8s-lb02", "10.3.60.56"} & set(sans)
     assert len(sans) == len(set(sans))
     assert not {str(w.ip) for w in cfg.workers} & set(sans)
 

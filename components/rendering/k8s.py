@@ -196,11 +196,12 @@ def control_plane_endpoint(cfg: LabConfig) -> str:
 
 
 def api_server_cert_sans(cfg: LabConfig) -> list[str]:
-    """Every name and address a client may use for the API: the VIP, both balancers, every
-    control plane (names, FQDNs under the search domain, addresses) and localhost."""
+    """Every name and address a client may use for the API: the VIP, every control plane (names,
+    FQDNs under the search domain, addresses) and localhost. Not the balancers: HAProxy passes TLS
+    through, so a balancer's name in the certificate would only let a balancer pose as the API."""
     sans: list[str] = [str(cfg.load_balancer.vip)]
     domain = cfg.network.search_domain
-    for node in cfg.balancers + cfg.control_planes:
+    for node in cfg.control_planes:
         sans += [node.name, str(node.ip)]
         if domain:
             sans.append(f"{node.name}.{domain}")
