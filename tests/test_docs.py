@@ -384,6 +384,7 @@ NOT_DRAWN = {
     "control-plane-host-key-seed",
     *(f"labs-k8s-{n}-host-key-seed" for n in ("lb01", "lb02", "m01", "m02", "m03", "w01", "w02")),
     *(f"labs-k8s-{n}-join-token" for n in ("m01", "m02", "m03", "w01", "w02")),
+    *(f"labs-k8s-{n}-certificate-key" for n in ("m01", "m02", "m03")),
 }
 
 
