@@ -189,9 +189,16 @@ class KubeadmCluster(pulumi.ComponentResource):
         renew = renewal_due(
             self._previous.stack_outputs.get("kubeconfigValidUntil"), k8s_rendering.KUBECONFIG_RENEW_BEFORE_DAYS
         )
+        # The kubeconfig leaves the node sealed with this key: even an error text holding the
+        # step's stdout holds no credential (k8s_rendering.seal_kubeconfig).
+        transport_key = self._steps.derived_secret("kubeconfig transport")
         self.kubeconfig_step = self._steps.through_vip(
             "kubeconfig",
-            steps.Script(lambda: k8s_rendering.kubeconfig_files(lab), k8s_rendering.KUBECONFIG_ENTRYPOINT),
+            steps.Script(
+                lambda key: k8s_rendering.kubeconfig_files(lab, key),
+                k8s_rendering.KUBECONFIG_ENTRYPOINT,
+                secrets=[transport_key],
+            ),
             # kubeadm renews admin.conf's certificate on every control plane it upgrades: a new version
             # re-exports the kubeconfig once the last control plane is done (the version trigger).
             order_after=[self.init, last_control_plane],
@@ -203,7 +210,11 @@ class KubeadmCluster(pulumi.ComponentResource):
                 f"kubernetes:{lab.kubernetes.version}",
             ],
         )
-        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(self.kubeconfig_step.stdout)
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
+            pulumi.Output.all(self.kubeconfig_step.stdout, transport_key).apply(
+                lambda out: k8s_rendering.unseal_kubeconfig(str(out[0]), str(out[1]))
+            )
+        )
         self.kubeconfig_valid_until = pulumi.Output.unsecret(
             self.kubeconfig.apply(k8s_rendering.kubeconfig_valid_until)
         )

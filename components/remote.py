@@ -396,6 +396,14 @@ class RemoteSteps:
             _Step(name, script, node=node, depends_on=after, timeout=timeout, upstream_triggers=False)
         )
 
+    def derived_secret(self, purpose: str) -> pulumi.Output[str]:
+        """A 256-bit stack secret for `purpose`, derived from the triggers' HMAC key (no new resource)."""
+        return pulumi.Output.secret(
+            pulumi.Output.from_input(self._pins.trigger_key).apply(
+                lambda key: hmac.new(str(key).encode(), f"labs-k8s {purpose}".encode(), hashlib.sha256).hexdigest()
+            )
+        )
+
     def _register(self, step: _Step) -> remote.Command:
         """Register one remote step. A digest of the bundle is the trigger: a changed script or
         config re-runs the (idempotent) step."""

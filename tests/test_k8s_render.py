@@ -472,7 +472,7 @@ def all_file_maps() -> dict[str, tuple[dict[str, str], str]]:
         "leave-worker": (k8s.leave_files(cfg.workers[1]), k8s.LEAVE_ENTRYPOINT),
         "leave-cp": (k8s.leave_files(cfg.control_planes[2]), k8s.LEAVE_ENTRYPOINT),
         "teardown-guard": (k8s.teardown_guard_files(), k8s.TEARDOWN_ENTRYPOINT),
-        "kubeconfig": (k8s.kubeconfig_files(cfg), k8s.KUBECONFIG_ENTRYPOINT),
+        "kubeconfig": (k8s.kubeconfig_files(cfg, "9f" * 32), k8s.KUBECONFIG_ENTRYPOINT),
     }
 
 

@@ -763,7 +763,7 @@ def test_scripts_refuse_to_run_without_root_outside_the_harness(cfg: LabConfig) 
     directory = Path(tempfile.mkdtemp(prefix="labs-k8s-nonroot-"))
     try:
         directory.chmod(0o755)
-        for name, text in k8s.kubeconfig_files(cfg).items():
+        for name, text in k8s.kubeconfig_files(cfg, "9f" * 32).items():
             (directory / name).write_text(text)
             (directory / name).chmod(0o644)
         drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if as_root else []
