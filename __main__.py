@@ -2,7 +2,7 @@
 
 import pulumi
 
-from components.config import LabConfigError
+from components.config import LabConfigError, config_warnings
 from components.lab import Lab
 from components.preflight import check_rules_after_up, run_preflight, vms_to_create
 from components.previous_state import check_control_plane_change, read_previous_state
@@ -12,6 +12,9 @@ from components.upgrade import check_version_change
 # Validation and preflight raise before any resource is registered.
 inputs = read_stack_inputs()
 previous = read_previous_state(inputs.lab.previous_state.unreadable)
+# Risks the config accepts only by name (a plain-http registry mirror): said at every preview and up.
+for warning in config_warnings(inputs.lab):
+    pulumi.log.warn(warning)
 try:
     check_control_plane_change(inputs.lab, previous)
     check_version_change(inputs.lab, previous)

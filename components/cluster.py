@@ -189,9 +189,16 @@ class KubeadmCluster(pulumi.ComponentResource):
         renew = renewal_due(
             self._previous.stack_outputs.get("kubeconfigValidUntil"), k8s_rendering.KUBECONFIG_RENEW_BEFORE_DAYS
         )
+        # The kubeconfig leaves the node sealed with this key: even an error text holding the
+        # step's stdout holds no credential (k8s_rendering.seal_kubeconfig).
+        transport_key = self._steps.derived_secret("kubeconfig transport")
         self.kubeconfig_step = self._steps.through_vip(
             "kubeconfig",
-            steps.Script(lambda: k8s_rendering.kubeconfig_files(lab), k8s_rendering.KUBECONFIG_ENTRYPOINT),
+            steps.Script(
+                lambda key: k8s_rendering.kubeconfig_files(lab, key),
+                k8s_rendering.KUBECONFIG_ENTRYPOINT,
+                secrets=[transport_key],
+            ),
             # kubeadm renews admin.conf's certificate on every control plane it upgrades: a new version
             # re-exports the kubeconfig once the last control plane is done (the version trigger).
             order_after=[self.init, last_control_plane],
@@ -203,7 +210,11 @@ class KubeadmCluster(pulumi.ComponentResource):
                 f"kubernetes:{lab.kubernetes.version}",
             ],
         )
-        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(self.kubeconfig_step.stdout)
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
+            pulumi.Output.all(self.kubeconfig_step.stdout, transport_key).apply(
+                lambda out: k8s_rendering.unseal_kubeconfig(str(out[0]), str(out[1]))
+            )
+        )
         self.kubeconfig_valid_until = pulumi.Output.unsecret(
             self.kubeconfig.apply(k8s_rendering.kubeconfig_valid_until)
         )
@@ -244,6 +255,18 @@ class KubeadmCluster(pulumi.ComponentResource):
         self.join_token_ids[node.name] = pulumi.Output.unsecret(drawn.result.apply(k8s_rendering.drawn_token_id))
         return pulumi.Output.secret(drawn.result.apply(k8s_rendering.drawn_token))
 
+    def _join_certificate_key(self, node: Node, vm: pulumi.CustomResource, attempt: str) -> pulumi.Output[str]:
+        """The key a control plane's refresh uploads the CA keys under and its join decrypts them
+        with, drawn anew per join generation like the token (_join_token): a key seen by one join
+        (its step directory, a log) decrypts nothing a later upload holds. init keeps the stack's."""
+        drawn = random.RandomId(
+            f"{node.name}-certificate-key",
+            byte_length=32,
+            keepers={"vm": vm.id, "joinAttempt": attempt},
+            opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["hex", "b64Std", "b64Url", "dec"]),
+        )
+        return pulumi.Output.secret(drawn.hex)
+
     def _refresh_and_join(
         self,
         node: Node,
@@ -266,9 +289,10 @@ class KubeadmCluster(pulumi.ComponentResource):
         # The certificate key (it decrypts the cluster's CA keys in kubeadm-certs) goes only where
         # certificates are uploaded: before a control plane's join, never before a worker's.
         refresh_files: Callable[..., dict[str, str]]  # (token, key) for a control plane, (token) for a worker
+        certificate_key = self._join_certificate_key(node, vm, attempt) if node.role is Role.CONTROL_PLANE else None
         if node.role is Role.CONTROL_PLANE:
             refresh_files = lambda token, key: k8s_rendering.refresh_files(lab, token, key, node)  # noqa: E731
-            refresh_secrets = [token, self.certificate_key]
+            refresh_secrets = [token, certificate_key]
         else:
             refresh_files = lambda token: k8s_rendering.refresh_files(lab, token, None, node)  # noqa: E731
             refresh_secrets = [token]
@@ -285,7 +309,7 @@ class KubeadmCluster(pulumi.ComponentResource):
         files: Callable[..., dict[str, str]]  # as refresh_files
         if node.role is Role.CONTROL_PLANE:
             files = lambda token, key: k8s_rendering.control_plane_join_files(lab, node, token, key)  # noqa: E731
-            secrets = [token, self.certificate_key]
+            secrets = [token, certificate_key]
             entrypoint = k8s_rendering.CONTROL_PLANE_JOIN_ENTRYPOINT
         else:
             files = lambda token: k8s_rendering.worker_join_files(lab, node, token)  # noqa: E731

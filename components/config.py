@@ -278,6 +278,12 @@ class MirrorsConfig(_Model):
 
     apt_proxy: str | None = None
     registry_mirror: str | None = None
+    # Images are pulled by tag, so through a plain-http mirror anyone on the path serves the
+    # apiserver's image: http:// is refused unless this opts in (and every run then warns).
+    allow_insecure_registry_mirror: bool = False
+    # The mirror's CA certificate(s), PEM, as apt's mirrors pin their signing keys: containerd
+    # trusts it for that host (on top of the system's CAs), so a private CA needs no skip_verify.
+    registry_mirror_ca: str | None = None
     kubernetes_repository: KubernetesRepositoryConfig = KubernetesRepositoryConfig()
     containerd_repository: ContainerdRepositoryConfig = ContainerdRepositoryConfig()
 
@@ -567,6 +573,69 @@ def _url_problem(url: str, example: str) -> str | None:
     if not _URL_PATH.match(parts.path):
         return f"{url!r} has a path that is not /-separated segments; {fix}"
     return None
+
+
+_PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----\n[A-Za-z0-9+/=\n]+-----END CERTIFICATE-----\n?")
+
+
+def _registry_mirror_problems(mirrors: MirrorsConfig) -> list[ConfigProblem]:
+    """mirrors.registryMirror: https unless plain http is accepted by name; its CA: PEM certificates only."""
+    problems = []
+    mirror = mirrors.registry_mirror
+    if mirror and mirror.startswith("http://") and not mirrors.allow_insecure_registry_mirror:
+        problems.append(
+            ConfigProblem(
+                "mirrors.registryMirror",
+                f"{mirror!r} is plain http: images are pulled by tag, so anyone on the path between the nodes and "
+                "the mirror could serve the images the cluster runs; use https:// (with "
+                "labs-k8s:mirrors.registryMirrorCa for a private CA), or accept that risk with "
+                "labs-k8s:mirrors.allowInsecureRegistryMirror: true",
+            )
+        )
+    ca = mirrors.registry_mirror_ca
+    if ca is None:
+        return problems
+    if not mirror or not mirror.startswith("https://"):
+        problems.append(
+            ConfigProblem(
+                "mirrors.registryMirrorCa",
+                "a CA for no https:// mirror: set labs-k8s:mirrors.registryMirror to the mirror's https:// URL, "
+                "or delete this key",
+            )
+        )
+    blocks = _PEM_CERTIFICATE.findall(ca.strip() + "\n")
+    if not blocks or "".join(blocks).strip() != ca.strip() or not all(_is_certificate(b) for b in blocks):
+        problems.append(
+            ConfigProblem(
+                "mirrors.registryMirrorCa",
+                "not PEM certificates only: give the mirror's CA certificate(s) as `openssl x509 -in ca.crt` prints "
+                "them, -----BEGIN CERTIFICATE----- to -----END CERTIFICATE-----, nothing else "
+                "(pulumi config set --path 'labs-k8s:mirrors.registryMirrorCa' < ca.crt)",
+            )
+        )
+    return problems
+
+
+def _is_certificate(pem: str) -> bool:
+    from cryptography import x509
+
+    try:
+        x509.load_pem_x509_certificate(pem.encode())
+    except ValueError:
+        return False
+    return True
+
+
+def config_warnings(cfg: LabConfig) -> list[str]:
+    """What a valid config accepts at a risk the user named: printed at every preview and up."""
+    mirror = cfg.mirrors.registry_mirror
+    if mirror and mirror.startswith("http://"):
+        return [
+            f"labs-k8s:mirrors.registryMirror {mirror!r} is plain http (labs-k8s:mirrors.allowInsecureRegistryMirror: "
+            "true): anyone on the path between the nodes and the mirror can serve the images the cluster runs; "
+            "use an https:// mirror"
+        ]
+    return []
 
 
 _FINGERPRINT = re.compile(r"[0-9A-F]{40}")
@@ -956,8 +1025,17 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
         )
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,60}$", cfg.template.name):
         add(ConfigProblem("template.name", "use letters, digits, dot, dash and underscore only"))
-    if not cfg.template.iso_url.startswith(("https://", "http://")):
-        add(ConfigProblem("template.isoUrl", "use an http(s) URL of the Debian 12 netinst ISO"))
+    iso_example = "https://cdimage.debian.org/debian-cd/current/amd64/iso-cd/debian-12.x-amd64-netinst.iso"
+    if iso_problem := _url_problem(cfg.template.iso_url, iso_example):
+        add(ConfigProblem("template.isoUrl", f"{iso_problem} (the Debian 12 netinst ISO; template.isoSha256 pins it)"))
+    if not _DNS_LABEL.match(cfg.kubernetes.cluster_name):
+        add(
+            ConfigProblem(
+                "kubernetes.clusterName",
+                f"{cfg.kubernetes.cluster_name!r} is not a DNS label: write 1 to 63 lowercase letters, digits and "
+                "inner hyphens, such as labs-k8s (it names the cluster in kubeadm's config and the kubeconfig)",
+            )
+        )
 
     packages_url = cfg.preflight.kubernetes_packages_url
     if packages_url and (url_problem := _url_problem(packages_url, KUBERNETES_REPOSITORY_URL)):
@@ -975,6 +1053,7 @@ def domain_problems(cfg: LabConfig) -> list[ConfigProblem]:
     ):
         if url is not None and (url_problem := _url_problem(url, example)):
             add(ConfigProblem(key, url_problem))
+    problems += _registry_mirror_problems(cfg.mirrors)
     problems += _repository_problems(cfg)
 
     # Network names: written into the user-data, chrony's and resolv.conf's lines.

@@ -102,10 +102,11 @@ def logs_hint(step: str, node: str, stack: str) -> str:
     the step's error (remote/commandOutputs.go:101 `run`: "running %q:" and the output), so the engine shows it.
     `node` is a shell word: a quoted name, or NODE_AT_RUN_TIME. The real stack name, not "$STACK":
     the error text is then a command to paste as it stands, whichever of a user's stacks failed.
-    Every part is a name from the configuration; none is a secret."""
+    Every part is a name from the configuration; none is a secret. The command's words are printed
+    with bash's %q: a node's run-time hostname is the node's to choose, and is pasted into a shell."""
     words = [shlex.quote(step), '"$rc"', node, shlex.quote(stack), node, shlex.quote(step)]
     return (
-        "printf 'labs-k8s[%s]: failed (exit %s); its logs on %s: python -m components logs --stack %s %s %s\\n' "
+        "printf 'labs-k8s[%s]: failed (exit %s); its logs on %q: python -m components logs --stack %q %q %q\\n' "
         f"{' '.join(words)} >&2"
     )
 
@@ -393,6 +394,14 @@ class RemoteSteps:
         own bundle changes, never because a step or VM before it was replaced."""
         return self._register(
             _Step(name, script, node=node, depends_on=after, timeout=timeout, upstream_triggers=False)
+        )
+
+    def derived_secret(self, purpose: str) -> pulumi.Output[str]:
+        """A 256-bit stack secret for `purpose`, derived from the triggers' HMAC key (no new resource)."""
+        return pulumi.Output.secret(
+            pulumi.Output.from_input(self._pins.trigger_key).apply(
+                lambda key: hmac.new(str(key).encode(), f"labs-k8s {purpose}".encode(), hashlib.sha256).hexdigest()
+            )
         )
 
     def _register(self, step: _Step) -> remote.Command:

@@ -76,7 +76,7 @@ if (( ${#quieted[@]} > 0 )); then
   echo "install-test-deps: installing ${quieted[*]} on this machine. The tests only run them as programs:" \
     "their services will be stopped and disabled right after, and cloud-init and sshd disabled at boot" \
     "(/etc/cloud/cloud-init.disabled, /etc/ssh/sshd_not_to_be_run). To leave this machine alone, run make test in a container" \
-    "(.github/workflows/preview.yml uses debian:bookworm, privileged)." >&2
+    "(.github/workflows/test.yml uses debian:bookworm, privileged)." >&2
 fi
 
 # Installing haproxy/keepalived/openssh-server must not start them on this machine: the tests start their

@@ -236,7 +236,12 @@ def test_a_join_retried_in_a_later_up_gets_fresh_join_material(offline_run: Offl
     refresh = retry.by_name("labs-k8s-m02-refresh-join-material")
     assert "join-attempt:2" in refresh.plain_inputs["triggers"]
     assert "join-attempt:1" in offline_run.by_name("labs-k8s-m02-refresh-join-material").plain_inputs["triggers"]
-    fresh = {"labs-k8s-m02-join-token", "labs-k8s-m02-refresh-join-material", "labs-k8s-m02-kubeadm-join"}
+    fresh = {
+        "labs-k8s-m02-join-token",
+        "labs-k8s-m02-certificate-key",  # a control plane's, per join generation too (issue 50)
+        "labs-k8s-m02-refresh-join-material",
+        "labs-k8s-m02-kubeadm-join",
+    }
     assert changed_inputs(offline_run, retry) == {*fresh, "verify-cluster"}
     token = retry.by_name("labs-k8s-m02-join-token")
     assert token.plain_inputs["keepers"]["joinAttempt"] == "join-attempt:2"

@@ -645,3 +645,76 @@ def test_the_release_check_follows_the_kubernetes_repository_unless_set(lab_name
     assert load_lab_config(lab_namespace).release_check_url == "https://proxy.lab.local/pkgs"
     lab_namespace["preflight"]["kubernetesPackagesUrl"] = ""
     assert load_lab_config(lab_namespace).release_check_url == ""
+
+
+# --------------------------------------------------------------------------- issue 50: the minor items
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fix"),
+    [
+        ("kubernetes.clusterName", "labs k8s", "lowercase letters, digits and inner hyphens"),
+        ("kubernetes.clusterName", 'labs"\nkind: Secret', "lowercase letters, digits and inner hyphens"),
+        ("kubernetes.clusterName", "Labs_K8s", "such as labs-k8s"),
+        ("template.isoUrl", 'https://deb.example/"x.iso', "such as https://cdimage.debian.org"),
+        ("template.isoUrl", "https://deb.example/x.iso\nAcquire::x", "such as https://"),
+        ("template.isoUrl", "ftp://deb.example/x.iso", "such as https://"),
+    ],
+)
+def test_cluster_name_and_iso_url_get_pattern_checks(lab_namespace, path, value, fix):
+    set_path(lab_namespace, path, value)
+    found = problems(lab_namespace)
+    assert list(found) == [path]
+    assert fix in found[path]
+
+
+def test_a_plain_http_registry_mirror_is_refused_unless_allowed(lab_namespace):
+    """Images are pulled by tag: through a plain-http mirror anyone on the path serves the apiserver's."""
+    from components.config import config_warnings
+
+    lab_namespace.setdefault("mirrors", {})["registryMirror"] = "http://registry.lab.local:5000"
+    message = problems(lab_namespace)["mirrors.registryMirror"]
+    assert "plain http" in message and "labs-k8s:mirrors.allowInsecureRegistryMirror: true" in message
+    lab_namespace["mirrors"]["allowInsecureRegistryMirror"] = True
+    cfg = load_lab_config(lab_namespace)
+    (warning,) = config_warnings(cfg)
+    assert "mirrors.registryMirror" in warning and "http://registry.lab.local:5000" in warning
+    lab_namespace["mirrors"]["registryMirror"] = "https://registry.lab.local:5000"
+    assert config_warnings(load_lab_config(lab_namespace)) == []
+
+
+def _test_ca() -> str:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lab mirror CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def test_the_registry_mirrors_ca_can_be_pinned(lab_namespace):
+    ca = _test_ca()
+    lab_namespace.setdefault("mirrors", {})["registryMirrorCa"] = ca
+    assert "mirrors.registryMirror" in problems(lab_namespace)["mirrors.registryMirrorCa"]  # a CA for no mirror
+    lab_namespace["mirrors"]["registryMirror"] = "https://registry.lab.local:5000"
+    assert load_lab_config(lab_namespace).mirrors.registry_mirror_ca == ca
+    lab_namespace["mirrors"]["registryMirrorCa"] = ca.replace("MII", "XXX", 1)
+    assert "PEM" in problems(lab_namespace)["mirrors.registryMirrorCa"]
+    lab_namespace["mirrors"]["registryMirrorCa"] = ca + '"]\nskip_verify = true'
+    assert "PEM" in problems(lab_namespace)["mirrors.registryMirrorCa"]

@@ -384,6 +384,7 @@ NOT_DRAWN = {
     "control-plane-host-key-seed",
     *(f"labs-k8s-{n}-host-key-seed" for n in ("lb01", "lb02", "m01", "m02", "m03", "w01", "w02")),
     *(f"labs-k8s-{n}-join-token" for n in ("m01", "m02", "m03", "w01", "w02")),
+    *(f"labs-k8s-{n}-certificate-key" for n in ("m01", "m02", "m03")),
 }
 
 
@@ -432,3 +433,23 @@ def test_the_architecture_depth_is_the_programs(offline_run, run_with, lab_names
     workers = lab_namespace["nodes"]["workers"]["hosts"]
     workers += [{"name": f"labs-k8s-w{i:02}", "ip": f"10.3.60.{70 + i}"} for i in range(3, 11)]
     assert graph_depth(run_with(nodes=lab_namespace["nodes"])) == depth  # ten workers: the same
+
+
+def test_the_secrets_table_names_every_secret_the_program_draws(offline_run):
+    """issue 50: docs/cluster.md says of each secret where it lives and who can read it, in a table
+    that names every random secret the program registers and every secret of the stack file."""
+    from components.tools.offline import REQUIRED_SECRETS
+
+    cluster = (REPO_ROOT / "docs" / "cluster.md").read_text()
+    table = cluster.split("### Each secret, where it lives, who can read it", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `") or line.startswith("| the ")]
+    names = " ".join(row.split("|")[1] for row in rows)
+    for reg in offline_run.registrations.values():
+        if reg.type.startswith("random:"):
+            generic = re.sub(r"^labs-k8s-(?:lb|m|w)\d+-", "<node>-", reg.name)
+            assert f"`{generic}`" in names, reg.name
+    for key in REQUIRED_SECRETS:
+        assert f"`{key}`" in names, key
+    assert all(len(row.split("|")) == 6 for row in rows)
+    runbook = (REPO_ROOT / "docs" / "runbook.md").read_text()
+    assert "(cluster.md#each-secret-where-it-lives-who-can-read-it)" in runbook

@@ -870,11 +870,12 @@ def test_kubeconfig_says_until_when_it_is_valid_and_renews_before_it_lapses(tmp_
     lab.bring_up()
     with lab.lab.edit() as state:
         state["cert_days"] = 365
-    result = ok(lab.cluster_step(k8s.kubeconfig_files(lab.cfg), k8s.KUBECONFIG_ENTRYPOINT))
+    result = ok(lab.cluster_step(k8s.kubeconfig_files(lab.cfg, TRANSPORT_KEY), k8s.KUBECONFIG_ENTRYPOINT))
     cluster = lab.lab.cluster_node()
     valid_until = k8s.kubeconfig_valid_until(result.stdout)
     assert valid_until is not None and result.stdout.startswith("# labs-k8s: client certificate valid until ")
-    assert result.stdout.split("\n", 1)[1] == (cluster.root / "etc/kubernetes/admin.conf").read_text()
+    opened = k8s.unseal_kubeconfig(result.stdout, TRANSPORT_KEY)
+    assert opened.split("\n", 1)[1] == (cluster.root / "etc/kubernetes/admin.conf").read_text()
     renewed = cluster.calls_matching("kubeadm", "certs", "renew", "admin.conf")
     assert bool(renewed) == (days_left < k8s.KUBECONFIG_RENEW_BEFORE_DAYS)
     expires_in_days = (
@@ -884,11 +885,29 @@ def test_kubeconfig_says_until_when_it_is_valid_and_renews_before_it_lapses(tmp_
     assert expires_in_days == pytest.approx(365 if renewed or days_left == 365 else days_left, abs=1)
 
 
+TRANSPORT_KEY = "9f" * 32
+
+
+def test_the_kubeconfig_leaves_the_node_only_sealed(up: Scenario) -> None:
+    """pulumi-command puts a failed step's stdout into its error text: a session cut after the
+    script printed would have shown the cluster-admin key there (issue 50). Nothing it prints
+    holds a credential; the transport key, and only it, opens it."""
+    result = ok(up.cluster_step(k8s.kubeconfig_files(up.cfg, TRANSPORT_KEY), k8s.KUBECONFIG_ENTRYPOINT))
+    admin = (up.lab.cluster_node().root / "etc/kubernetes/admin.conf").read_text()
+    for line in admin.splitlines():
+        if ":" in line and len(line.split(":", 1)[1].strip()) > 20:
+            assert line.split(":", 1)[1].strip() not in result.stdout + result.stderr, line
+    assert "client-key-data" not in result.stdout + result.stderr
+    assert k8s.unseal_kubeconfig(result.stdout, TRANSPORT_KEY).split("\n", 1)[1] == admin
+    with pytest.raises(ValueError):
+        k8s.unseal_kubeconfig(result.stdout, "00" * 32)
+
+
 def test_kubeconfig_refuses_an_admin_conf_that_does_not_point_at_the_vip(up: Scenario) -> None:
     cluster = up.lab.cluster_node()
     admin = cluster.root / "etc/kubernetes/admin.conf"
     admin.write_text(admin.read_text().replace(VIP, "10.3.60.51"))
-    cluster.install_step(k8s.kubeconfig_files(up.cfg))
+    cluster.install_step(k8s.kubeconfig_files(up.cfg, TRANSPORT_KEY))
     result = failed(cluster.run(k8s.KUBECONFIG_ENTRYPOINT))
     assert result.stdout == ""
     assert "expected https://10.3.60.100:6443" in result.stderr

@@ -557,8 +557,15 @@ def test_prepare_node_leaves_a_joined_node_at_its_version_for_the_upgrade_steps(
 
 def test_prepare_node_uses_the_configured_mirrors(harness: ShellHarness) -> None:
     h = harness
+    from tests.test_config import _test_ca
+
+    ca = _test_ca()
     cfg = make_lab_config(
-        mirrors={"aptProxy": "http://apt.labs.local:3142", "registryMirror": "http://registry.labs.local:5000"}
+        mirrors={
+            "aptProxy": "http://apt.labs.local:3142",
+            "registryMirror": "https://registry.labs.local:5000",
+            "registryMirrorCa": ca,
+        }
     )
     fresh_debian_node(h)
     h.install_step(k8s.prepare_files(cfg, cfg.workers[0]))
@@ -568,7 +575,10 @@ def test_prepare_node_uses_the_configured_mirrors(harness: ShellHarness) -> None
     assert 'Acquire::https::Proxy "http://apt.labs.local:3142";' in proxy
     assert all("--proxy" in call and "http://apt.labs.local:3142" in call for call in h.calls("curl"))
     hosts = (h.root / "etc/containerd/certs.d/_default/hosts.toml").read_text()
-    assert '[host."http://registry.labs.local:5000"]' in hosts and '"pull", "resolve"' in hosts
+    assert '[host."https://registry.labs.local:5000"]' in hosts and '"pull", "resolve"' in hosts
+    # The mirror's CA, pinned as apt's mirrors pin their keys (issue 50): containerd reads it for that host.
+    assert '  ca = "/etc/containerd/certs.d/_default/registry-mirror-ca.crt"' in hosts
+    assert ca in (h.root / "etc/containerd/certs.d/_default/registry-mirror-ca.crt").read_text()
 
     # Dropping the mirrors from the config removes what this project wrote, and only that.
     plain = make_lab_config()
@@ -577,6 +587,7 @@ def test_prepare_node_uses_the_configured_mirrors(harness: ShellHarness) -> None
     ok(h.run(k8s.PREPARE_ENTRYPOINT))
     assert not (h.root / "etc/apt/apt.conf.d/90labs-k8s-proxy").exists()
     assert not (h.root / "etc/containerd/certs.d/_default/hosts.toml").exists()
+    assert not (h.root / "etc/containerd/certs.d/_default/registry-mirror-ca.crt").exists()
     assert len(h.calls_matching("systemctl", "restart", "containerd")) == 1
 
 
@@ -752,7 +763,7 @@ def test_scripts_refuse_to_run_without_root_outside_the_harness(cfg: LabConfig) 
     directory = Path(tempfile.mkdtemp(prefix="labs-k8s-nonroot-"))
     try:
         directory.chmod(0o755)
-        for name, text in k8s.kubeconfig_files(cfg).items():
+        for name, text in k8s.kubeconfig_files(cfg, "9f" * 32).items():
             (directory / name).write_text(text)
             (directory / name).chmod(0o644)
         drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if as_root else []

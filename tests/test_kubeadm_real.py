@@ -292,12 +292,12 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def expected_sans(cfg: LabConfig) -> set[str]:
     """Every name docs/cluster.md ("kubeadm documents") promises in the apiserver certificate: the
-    VIP, both balancers and every control plane (name, FQDN under network.searchDomain, address),
-    localhost and 127.0.0.1; kubeadm adds the first control plane's name and address."""
+    VIP and every control plane (name, FQDN under network.searchDomain, address), localhost and
+    127.0.0.1, never a balancer (they pass TLS through); kubeadm adds the first control plane's name and address."""
     domain = cfg.network.search_domain
     assert domain == "labs.local"
     names = {VIP, "localhost", "127.0.0.1"}
-    for node in cfg.balancers + cfg.control_planes:
+    for node in cfg.control_planes:
         names |= {node.name, str(node.ip), f"{node.name}.{domain}"}
     return names
 
@@ -365,7 +365,7 @@ def test_kubeadm_init_dry_run_uploads_our_cluster_configuration(lab_name: str, m
     assert uploaded["networking"]["serviceSubnet"] == "10.96.0.0/12"
     assert uploaded["kubernetesVersion"] == f"v{cfg.kubernetes.version}"
     assert uploaded["clusterName"] == "labs-k8s"
-    assert expected_sans(cfg) <= set(uploaded["apiServer"]["certSANs"])
+    assert expected_sans(cfg) == set(uploaded["apiServer"]["certSANs"])
 
 
 def uploaded_cluster_configuration(stdout: str) -> dict[str, Any]:

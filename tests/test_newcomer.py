@@ -189,6 +189,35 @@ def test_logs_refuses_a_host_no_key_was_pinned_for(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "no node 'labs-k8s-m09'" in unknown.stderr
 
 
+def test_logs_takes_only_a_step_of_the_stack_that_ran_on_that_node(tmp_path: Path) -> None:
+    """STEP went into the node's root shell unquoted (issue 50): it must name one of the stack's
+    steps that runs on NODE (its own, or through the VIP on a control plane), or nothing is started."""
+    pinned = "10.3.60.54 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedHostKeyOfM01xxxxxxxxxxxxxxxxxxxxxx"
+    for step in ("x'; touch /tmp/owned; '", "labs-k8s-m01-kubeadm-init", "flannel"):
+        done, log = _logs(tmp_path, {"sshKnownHosts": pinned}, "labs-k8s-w01", step)
+        assert done.returncode == 2, (step, done.stdout, done.stderr)
+        assert "labs-k8s-w01-kubeadm-join" in done.stderr, done.stderr  # the steps it could name
+        assert not log.with_suffix(".argv").exists(), "ssh was started"
+    done, log = _logs(tmp_path, {"sshKnownHosts": pinned}, "labs-k8s-w01", "labs-k8s-w01-kubeadm-join")
+    assert done.returncode == 0, done.stderr
+    assert "/var/lib/labs-k8s/steps/labs-k8s-w01-kubeadm-join ]" in log.with_suffix(".stdin").read_text()
+
+
+def test_the_logs_hint_quotes_the_hostname_it_pastes(tmp_path: Path) -> None:
+    """Through the VIP the hint names the node by its `hostname` at run time: a node that calls itself
+    something a shell would run must come out as one quoted word of the command to paste (issue 50)."""
+    import shlex
+
+    from components.remote import NODE_AT_RUN_TIME, logs_hint
+
+    evil = "m02; touch /tmp/owned"
+    hint = logs_hint("flannel", NODE_AT_RUN_TIME, "labs")
+    script = f'hostname() {{ printf "%s\\n" {shlex.quote(evil)}; }}; rc=3; {hint}'
+    printed = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stderr
+    command = printed.split(": ", 2)[2]
+    assert shlex.split(command) == ["python", "-m", "components", "logs", "--stack", "labs", evil, "flannel"], printed
+
+
 # --------------------------------------------------------------------------- a failed step names its logs (issue 33)
 
 COMMAND = "command:remote:Command"
@@ -268,8 +297,8 @@ def test_every_steps_create_and_delete_name_the_logs_command_for_its_node(offlin
             if not command or command == NO_OP_CREATE:  # a guard's create runs nothing on the node
                 continue
             printed = (
-                "if [ $rc -ne 0 ]; then printf 'labs-k8s[%s]: failed (exit %s); its logs on %s: "
-                f'python -m components logs --stack %s %s %s\\n\' {reg.name} "$rc" {node} labs {node} {reg.name} >&2; '
+                "if [ $rc -ne 0 ]; then printf 'labs-k8s[%s]: failed (exit %s); its logs on %q: "
+                f'python -m components logs --stack %q %q %q\\n\' {reg.name} "$rc" {node} labs {node} {reg.name} >&2; '
                 "fi; exit $rc"
             )
             assert command.endswith(printed), (reg.name, kind, command)

@@ -341,6 +341,20 @@ def test_one_comment_is_created_then_updated(github, tmp_path):
     assert sum(1 for method, path in api.requests if method == "GET" and path.endswith("/comments")) >= 3
 
 
+def test_a_preview_quoting_the_other_marker_is_not_taken_for_its_comment(github, tmp_path):
+    """The preview's text is the pull request's (its program prints what it likes): quoted in the
+    preview comment, the render diff's marker must not make that comment the render diff's."""
+    from components.tools.pr_comment import preview_comment
+
+    api, url = github
+    open_pull(api, 11)
+    preview = api.add_comment(11, "github-actions[bot]", preview_comment(f"{MARKER}\n```\n@someone <b>x</b>\n"))
+    assert "\n````\n" in preview["body"]  # the fence outgrows the text's own backticks
+    posted = post(url, tmp_path, 11, f"{MARKER}\nthe diff")
+    assert posted.returncode == 0 and posted.stdout.startswith("created comment"), posted.stdout + posted.stderr
+    assert MARKER in preview["body"] and "the diff" not in preview["body"]
+
+
 def test_a_stale_run_or_a_closed_pull_request_is_not_commented(github, tmp_path):
     api, url = github
     open_pull(api, 8, sha="b" * 40)

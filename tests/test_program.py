@@ -780,6 +780,8 @@ def _secret_values(run) -> dict[str, str]:
     for reg in run.registrations.values():
         if reg.name.endswith("-join-token"):
             out[reg.name] = k8s.drawn_token(reg.plain_outputs["result"])
+        if reg.name.endswith("-certificate-key") and reg.name != "certificate-key":
+            out[reg.name] = reg.plain_outputs["hex"]
     return out
 
 
@@ -927,6 +929,29 @@ def test_each_node_joins_with_a_token_of_its_own(offline_run):
         assert token_id in verify and secret not in verify
 
 
+def test_each_control_plane_joins_with_a_certificate_key_of_its_own(offline_run):
+    """Issue 50: the certificate key decrypts the cluster's CA keys in kubeadm-certs. One per stack,
+    never rotated, a key seen at the first join still opened the last upload: each control-plane
+    join generation draws its own, as the tokens do, and `kubeadm init` keeps the stack's."""
+    secrets = _secret_values(offline_run)
+    control_planes = [n for n in NODES if "-m0" in n]
+    keys = {node: secrets[f"{node}-certificate-key"] for node in control_planes}
+    init_key = secrets["certificate-key"]
+    assert len({init_key, *keys.values()}) == 1 + len(control_planes)
+    assert not [n for n in NODES if n not in control_planes and f"{n}-certificate-key" in secrets]
+    for reg in offline_run.of_type(COMMAND):
+        texts = _bundle_texts(reg.plain_inputs["stdin"])
+        holds = {node for node, key in keys.items() if key in texts}
+        owner = reg.name.removesuffix("-refresh-join-material").removesuffix("-kubeadm-join")
+        assert holds == ({owner} if owner in keys and owner != reg.name else set()), (reg.name, holds)
+        assert (init_key in texts) == (reg.name == "labs-k8s-m01-kubeadm-init"), reg.name
+    for node in control_planes:
+        key = offline_run.by_name(f"{node}-certificate-key")
+        assert key.plain_inputs["byteLength"] == 32
+        assert key.plain_inputs["keepers"] == {"vm": f"{node}-id", "joinAttempt": "join-attempt:1"}, node
+        assert "hex" in key.additional_secret_outputs
+
+
 def test_the_join_pins_the_ca_hash_its_refresh_printed(offline_run):
     refresh = offline_run.by_name("labs-k8s-w01-refresh-join-material")
     join = offline_run.by_name("labs-k8s-w01-kubeadm-join")
@@ -990,13 +1015,20 @@ def test_a_new_vm_is_reached_with_its_new_key_not_the_old_vms(offline_run):
 
 
 def test_the_certificate_key_goes_only_to_steps_that_upload_or_fetch_certificates(offline_run):
-    """It decrypts the cluster's CA keys (kubeadm-certs): init, a control plane's refresh and join."""
-    key = _secret_values(offline_run)["certificate-key"]
-    having = {reg.name for reg in offline_run.of_type(COMMAND) if key in _bundle_texts(reg.plain_inputs["stdin"])}
-    assert having == {
-        "labs-k8s-m01-kubeadm-init",
-        *(f"labs-k8s-m0{i}-{step}" for i in (1, 2, 3) for step in ("refresh-join-material", "kubeadm-join")),
+    """It decrypts the cluster's CA keys (kubeadm-certs): the stack's goes to init alone, each
+    control plane's own (issue 50) to that control plane's refresh and join."""
+    secrets = _secret_values(offline_run)
+    expected = {
+        "certificate-key": {"labs-k8s-m01-kubeadm-init"},
+        **{
+            f"labs-k8s-m0{i}-certificate-key": {f"labs-k8s-m0{i}-refresh-join-material", f"labs-k8s-m0{i}-kubeadm-join"}
+            for i in (1, 2, 3)
+        },
     }
+    for name, steps in expected.items():
+        key = secrets[name]
+        having = {r.name for r in offline_run.of_type(COMMAND) if key in _bundle_texts(r.plain_inputs["stdin"])}
+        assert having == steps, name
 
 
 def test_a_preview_runs_without_the_ssh_private_key_and_keeps_the_recorded_connections(monkeypatch):
@@ -1075,3 +1107,17 @@ def test_a_step_through_the_vip_copies_the_library_only_after_every_control_plan
     for reg in through_vip:
         direct = {urn.rsplit("::", 1)[-1] for urn in reg.dependencies}
         assert {f"labs-k8s-m0{i}-prepare" for i in (1, 2, 3)} <= direct, reg.name
+
+
+# --------------------------------------------------------------------------- issue 50: minor items
+
+
+def test_a_plain_http_registry_mirror_is_warned_about_at_every_preview(run_with, monkeypatch):
+    """Accepted only with mirrors.allowInsecureRegistryMirror, and then said every time, not once."""
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(str(message)))
+    mirrors = {"registryMirror": "http://registry.lab.local:5000", "allowInsecureRegistryMirror": True}
+    for preview in (True, False):
+        warnings.clear()
+        run_program("labs", overrides={"labs-k8s:mirrors": mirrors}, preview=preview)
+        assert [w for w in warnings if "labs-k8s:mirrors.registryMirror 'http://registry.lab.local:5000'" in w]

@@ -20,6 +20,7 @@ from components.rendering.template import (
     SEAL_SCRIPT_ISO_PATH,
     build_hostname,
     iso_files,
+    late_commands,
     remastered_iso_name,
     render_boot_menus,
     render_bundle,
@@ -424,3 +425,24 @@ def test_template_name_carries_its_identity() -> None:
 
 def _nodes() -> dict[str, Any]:
     return namespace()["nodes"]
+
+
+def test_nodes_take_security_updates_but_never_the_clusters_own_packages() -> None:
+    """Issue 50: `pkgsel/update-policy none` and a template reused for months left every node
+    without security updates. Debian's unattended-upgrades runs daily (security origins only);
+    kubeadm, the kubelet, kubectl and containerd change only through the config (and are held)."""
+    cfg = make_lab_config()
+    preseed = render_preseed(cfg)
+    assert "d-i pkgsel/update-policy select unattended-upgrades" in preseed
+    assert "update-policy select none" not in preseed
+    config = render_bundle(cfg)["/labs-k8s/52labs-k8s-unattended-upgrades"]
+    blacklist = re.search(r"Unattended-Upgrade::Package-Blacklist \{([^}]*)\};", config).group(1)
+    for package in ("kubeadm", "kubelet", "kubectl", "containerd.io"):
+        assert f'"{package}";' in blacklist, package
+    assert 'Unattended-Upgrade::Automatic-Reboot "false";' in config
+    assert any(
+        c.endswith("52labs-k8s-unattended-upgrades /etc/apt/apt.conf.d/52labs-k8s-unattended-upgrades")
+        for c in late_commands(cfg)
+    )
+    runbook = (TEMPLATE_DIR.parent.parent / "docs" / "runbook.md").read_text()
+    assert "unattended-upgrades" in runbook and "Rebuilding the template" in runbook

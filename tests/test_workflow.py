@@ -1,6 +1,7 @@
 """The pull-request workflows: schema-valid, and saying what they must.
 
-preview.yml: tests, then the vCenter `pulumi preview` behind an approval gate. render-diff.yml and
+test.yml: the tests of a pull request. preview.yml: when they pass, the vCenter `pulumi preview`, a
+workflow_run of the default branch's file behind an approval gate. render-diff.yml and
 render-diff-comment.yml: the offline per-machine diff, computed without any write permission and
 posted by a workflow_run that never runs the pull request's code.
 
@@ -26,6 +27,7 @@ from tests.requirements import unavailable
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / ".github" / "workflows"
 WORKFLOW = WORKFLOWS / "preview.yml"
+TESTS = WORKFLOWS / "test.yml"
 RENDER_DIFF = WORKFLOWS / "render-diff.yml"
 RENDER_DIFF_COMMENT = WORKFLOWS / "render-diff-comment.yml"
 SECRET_REF = re.compile(r"^\$\{\{ secrets\.[A-Z][A-Z0-9_]* \}\}$")
@@ -61,6 +63,15 @@ def workflow() -> dict[str, Any]:
     return load(WORKFLOW)
 
 
+@pytest.fixture(scope="module")
+def tests_workflow() -> dict[str, Any]:
+    return load(TESTS)
+
+
+def steps_using(steps: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
+    return [s for s in steps if str(s.get("uses", "")).split("@")[0] == action]
+
+
 def step_index(steps: list[dict[str, Any]], predicate: Any) -> int:
     matches = [i for i, step in enumerate(steps) if predicate(step)]
     assert len(matches) == 1, f"{len(matches)} matching steps"
@@ -68,10 +79,15 @@ def step_index(steps: list[dict[str, Any]], predicate: Any) -> int:
 
 
 def test_the_workflows_are_these() -> None:
-    assert sorted(p.name for p in WORKFLOWS.iterdir()) == ["preview.yml", "render-diff-comment.yml", "render-diff.yml"]
+    assert sorted(p.name for p in WORKFLOWS.iterdir()) == [
+        "preview.yml",
+        "render-diff-comment.yml",
+        "render-diff.yml",
+        "test.yml",
+    ]
 
 
-@pytest.mark.parametrize("path", [WORKFLOW, RENDER_DIFF, RENDER_DIFF_COMMENT], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [WORKFLOW, TESTS, RENDER_DIFF, RENDER_DIFF_COMMENT], ids=lambda p: p.name)
 def test_workflow_passes_the_schema_lint(path: Path) -> None:
     proc = lint(path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -79,21 +95,22 @@ def test_workflow_passes_the_schema_lint(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mistake", "old", "new"),
+    ("mistake", "path", "old", "new"),
     [
-        ("job without runs-on", "    runs-on: [self-hosted, vsphere]\n", ""),
-        ("misspelt trigger", "on:\n  pull_request:\n", "on:\n  pull_requests:\n"),
-        ("invalid permission level", "pull-requests: write", "pull-requests: admin"),
-        ("misspelt needs", "    needs: test\n", "    need: test\n"),
+        ("job without runs-on", WORKFLOW, "    runs-on: [self-hosted, vsphere]\n", ""),
+        ("misspelt trigger", TESTS, "on:\n  pull_request:\n", "on:\n  pull_requests:\n"),
+        ("invalid permission level", WORKFLOW, "pull-requests: write", "pull-requests: admin"),
+        ("misspelt needs", WORKFLOW, "    needs: preview\n", "    need: preview\n"),
         (
             "step with uses and run",
+            TESTS,
             f"      - uses: {CHECKOUT}\n      - name: Python 3.11\n",
             f"      - uses: {CHECKOUT}\n        run: git status\n      - name: Python 3.11\n",
         ),
     ],
 )
-def test_a_broken_copy_fails_the_lint(tmp_path: Path, mistake: str, old: str, new: str) -> None:
-    text = WORKFLOW.read_text()
+def test_a_broken_copy_fails_the_lint(tmp_path: Path, mistake: str, path: Path, old: str, new: str) -> None:
+    text = path.read_text()
     assert text.count(old) == 1, f"the workflow changed: fix this test's {mistake!r} case"
     broken = tmp_path / "preview.yml"
     broken.write_text(text.replace(old, new))
@@ -102,25 +119,28 @@ def test_a_broken_copy_fails_the_lint(tmp_path: Path, mistake: str, old: str, ne
     assert "Schema validation errors were encountered" in proc.stdout + proc.stderr
 
 
-def test_runs_on_pull_requests_with_least_privilege(workflow: dict[str, Any]) -> None:
-    assert "pull_request" in workflow["on"]
-    # The tests run the pull request's code: read only. Only the preview job comments.
-    assert workflow["permissions"] == {"contents": "read"}
-    assert "permissions" not in workflow["jobs"]["test"]
-    assert workflow["jobs"]["preview"]["permissions"] == {"contents": "read", "pull-requests": "write"}
-    assert workflow["concurrency"]["group"] == "preview-${{ github.event.pull_request.number }}"
+def test_runs_on_pull_requests_with_least_privilege(workflow: dict[str, Any], tests_workflow: dict[str, Any]) -> None:
+    assert list(tests_workflow["on"]) == ["pull_request"]
+    # The tests and the preview run the pull request's code: read only. Only the comment job writes.
+    assert tests_workflow["permissions"] == workflow["permissions"] == {"contents": "read"}
+    assert "permissions" not in tests_workflow["jobs"]["test"]
+    assert workflow["jobs"]["preview"]["permissions"] == {"contents": "read"}
+    assert workflow["jobs"]["comment"]["permissions"] == {"contents": "read", "pull-requests": "write"}
+    assert tests_workflow["concurrency"]["group"] == "test-${{ github.event.pull_request.number }}"
 
 
-def test_preview_waits_for_a_reviewer_in_a_protected_environment(workflow: dict[str, Any]) -> None:
+def test_preview_waits_for_a_reviewer_in_a_protected_environment(
+    workflow: dict[str, Any], tests_workflow: dict[str, Any]
+) -> None:
     assert workflow["jobs"]["preview"]["environment"] == "vcenter-preview"
-    assert "environment" not in workflow["jobs"]["test"]
+    assert "environment" not in tests_workflow["jobs"]["test"]
     runbook = (REPO / "docs" / "runbook.md").read_text()
     gate = runbook.split("### The preview job's approval gate", 1)[1].split("\n## ", 1)[0]
     assert "`vcenter-preview`" in gate and "Required reviewers" in gate and "Prevent self-review" in gate
 
 
-def test_tests_run_first_on_a_hosted_runner(workflow: dict[str, Any]) -> None:
-    test = workflow["jobs"]["test"]
+def test_tests_run_first_on_a_hosted_runner(tests_workflow: dict[str, Any]) -> None:
+    test = tests_workflow["jobs"]["test"]
     assert test["runs-on"] == "ubuntu-latest"
     assert test["container"]["image"] == "debian:bookworm"  # make test installs Debian packages as root
     assert test["env"]["CI"] == "true"  # what .ci/run sets: a test that cannot run fails
@@ -131,7 +151,7 @@ def test_tests_run_first_on_a_hosted_runner(workflow: dict[str, Any]) -> None:
     assert checkout < make_test and python < make_test
 
 
-def test_the_test_job_keeps_what_the_suite_builds_for_itself(workflow: dict[str, Any]) -> None:
+def test_the_test_job_keeps_what_the_suite_builds_for_itself(tests_workflow: dict[str, Any]) -> None:
     """A hosted runner starts empty: the first-boot image, the Debian rootfs and vcsim are cached
     where the suite looks for them, under a key that changes with every file their build reads."""
     import fnmatch
@@ -139,7 +159,7 @@ def test_the_test_job_keeps_what_the_suite_builds_for_itself(workflow: dict[str,
     from components.template import CACHE_ROOT
     from tests import firstboot, kube_programs, test_seal_rootfs
 
-    steps = workflow["jobs"]["test"]["steps"]
+    steps = tests_workflow["jobs"]["test"]["steps"]
     cache = step_index(steps, lambda s: str(s.get("uses", "")).startswith("actions/cache@"))
     assert cache < step_index(steps, lambda s: s.get("run", "").strip() == "make test")
     options = steps[cache]["with"]
@@ -167,19 +187,42 @@ def test_the_test_job_keeps_what_the_suite_builds_for_itself(workflow: dict[str,
     assert options["restore-keys"] == options["key"].split("${{")[0]
 
 
-def test_preview_runs_after_the_tests_on_the_vsphere_runner(workflow: dict[str, Any]) -> None:
+def test_preview_runs_after_the_tests_on_the_vsphere_runner(
+    workflow: dict[str, Any], tests_workflow: dict[str, Any]
+) -> None:
+    assert workflow["on"] == {"workflow_run": {"workflows": [tests_workflow["name"]], "types": ["completed"]}}
     preview = workflow["jobs"]["preview"]
-    assert preview["needs"] == "test"
     assert preview["runs-on"] == ["self-hosted", "vsphere"]
-    assert "github.event.pull_request.head.repo.full_name == github.repository" in preview["if"]
+    for guard in (
+        "github.event.workflow_run.event == 'pull_request'",
+        "github.event.workflow_run.conclusion == 'success'",  # the tests passed
+        "github.event.workflow_run.head_repository.full_name == github.repository",  # no fork
+    ):
+        assert guard in preview["if"], guard
     steps = preview["steps"]
+    (checkout,) = steps_using(steps, "actions/checkout")
+    assert checkout["with"] == {"ref": "${{ github.event.workflow_run.head_sha }}", "persist-credentials": False}
     venv = step_index(steps, lambda s: s.get("run", "").strip() == "make venv")
     run = step_index(steps, lambda s: "pulumi preview --stack labs --diff" in s.get("run", ""))
-    assert venv < run
+    assert steps.index(checkout) < venv < run
     assert "set -o pipefail" in steps[run]["run"]  # tee must not hide a failed preview
+    (upload,) = steps_using(steps, "actions/upload-artifact")
+    assert steps.index(upload) > run and upload["with"]["path"] == "${{ runner.temp }}/preview.txt"
+    # The comment: another job, on a hosted runner, with the default branch's code only.
+    comment_job = workflow["jobs"]["comment"]
+    assert comment_job["needs"] == "preview" and comment_job["runs-on"] == "ubuntu-latest"
+    steps = comment_job["steps"]
+    (checkout,) = steps_using(steps, "actions/checkout")
+    assert checkout["with"] == {"persist-credentials": False}
+    (download,) = steps_using(steps, "actions/download-artifact")
+    assert download["with"]["name"] == upload["with"]["name"]
+    assert download["with"]["path"].startswith("${{ runner.temp }}/")  # outside the checkout
+    build = step_index(steps, lambda s: "components.tools.pr_comment preview" in s.get("run", ""))
     comment = step_index(steps, lambda s: "components.tools.pr_comment post --marker preview" in s.get("run", ""))
-    assert run < comment and steps[comment]["env"]["GITHUB_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
-    assert steps[comment]["env"]["HEAD_SHA"] == "${{ github.event.pull_request.head.sha }}"
+    assert steps.index(download) < build < comment and steps[comment]["env"]["GITHUB_TOKEN"] == "${{ github.token }}"
+    assert steps[comment]["env"]["HEAD_SHA"] == "${{ github.event.workflow_run.head_sha }}"
+    for step in steps:
+        assert "make" not in step.get("run", "").split() and "pip" not in step.get("run", "")
 
 
 def test_the_preview_job_reads_no_stack_output(workflow: dict[str, Any]) -> None:
@@ -292,7 +335,7 @@ def test_every_action_is_pinned_by_its_commit_sha() -> None:
     `uses:` names a full commit SHA, its tag in a comment (the SHAs read from the actions'
     repositories: `git rev-parse <tag>^{commit}`)."""
     pinned = re.compile(r"^\s*(?:- )?uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40}) # (v\d+\.\d+\.\d+)\b")
-    for path in (WORKFLOW, RENDER_DIFF, RENDER_DIFF_COMMENT):
+    for path in (WORKFLOW, TESTS, RENDER_DIFF, RENDER_DIFF_COMMENT):
         lines = [line for line in path.read_text().splitlines() if re.match(r"^\s*(- )?uses:", line)]
         assert lines, path.name
         for line in lines:
@@ -341,6 +384,9 @@ def test_the_runbook_states_what_the_workflow_cannot_enforce() -> None:
         "`pulumi logout --all`",
         "`LABS_K8S_PREVIEW_WITHOUT_SSH_KEY=true`",
         "pinned by its full commit SHA",
+        # issue 50: only main's preview.yml reaches the runner, which holds nothing of its own.
+        "`.github/workflows/preview.yml@refs/heads/main`",
+        "with no ambient credentials on the runner",
     ):
         assert requirement in flat, requirement
     assert "LABS_K8S_SSH_PRIVATE_KEY`, stored" not in flat
@@ -357,10 +403,6 @@ def render_diff() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def render_diff_comment() -> dict[str, Any]:
     return load(RENDER_DIFF_COMMENT)
-
-
-def steps_using(steps: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
-    return [s for s in steps if str(s.get("uses", "")).split("@")[0] == action]
 
 
 def test_no_workflow_runs_pull_request_code_with_a_write_token() -> None:
@@ -484,3 +526,74 @@ def test_the_secrets_section_says_the_state_keeps_every_stack_secret() -> None:
     assert "pulumi:providers:pulumi-python" in section
     for key in REQUIRED_SECRETS:
         assert f"`{key}`" in section, key
+
+
+# ----------------------------------------------------------------- issue 50, Major 2: who defines the vCenter job
+
+# Triggers whose run uses the default branch's workflow file: a pull request cannot rewrite the job.
+# Every other one (pull_request, push, workflow_dispatch on a branch...) runs the file at the event's ref.
+DEFAULT_BRANCH_TRIGGERS = {"workflow_run", "pull_request_target", "schedule"}
+PR_CODE_REF = re.compile(r"workflow_run\.head|pull_request\.head|github\.head_ref|refs/pull/")
+
+
+def runs_on_labels(job: dict[str, Any]) -> list[str]:
+    runs_on = job.get("runs-on", [])
+    if isinstance(runs_on, dict):
+        runs_on = runs_on.get("labels", [])
+    return [runs_on] if isinstance(runs_on, str) else list(runs_on)
+
+
+def pr_code_checkouts(job: dict[str, Any]) -> list[int]:
+    """The steps that check out the pull request's commit (a ref or repository other than the run's)."""
+    return [
+        i
+        for i, step in enumerate(job.get("steps", []))
+        if str(step.get("uses", "")).startswith("actions/checkout@")
+        and any(PR_CODE_REF.search(str(step.get("with", {}).get(key, ""))) for key in ("ref", "repository"))
+    ]
+
+
+def trust_findings(document: dict[str, Any]) -> list[str]:
+    """Why a workflow's self-hosted or pull-request-code jobs could be rewritten or run unapproved."""
+    findings = []
+    triggers = set(document["on"]) if isinstance(document["on"], dict | list) else {document["on"]}
+    pr_defined = sorted(triggers - DEFAULT_BRANCH_TRIGGERS)
+    pr_triggered = bool(triggers & {"pull_request", "pull_request_target"}) or "workflow_run" in triggers
+    for name, job in document["jobs"].items():
+        self_hosted = "self-hosted" in runs_on_labels(job)
+        pr_code = bool(pr_code_checkouts(job)) or (self_hosted and pr_triggered)
+        if self_hosted and pr_defined:
+            findings.append(f"{name}: self-hosted, defined by the ref of {pr_defined}")
+        if (self_hosted or pr_code) and not job.get("environment"):
+            findings.append(f"{name}: no environment approval before it runs")
+        if self_hosted or pr_code:
+            permissions = job.get("permissions", document.get("permissions"))
+            if not isinstance(permissions, dict) or any(v == "write" for v in permissions.values()):
+                findings.append(f"{name}: a write token where the pull request's code runs ({permissions!r})")
+    return findings
+
+
+def test_no_self_hosted_job_is_defined_or_run_by_a_pull_request() -> None:
+    """GitHub runs a `pull_request` workflow from the pull request's own file: any collaborator's branch
+    could drop the gate and run on the vCenter runner. The vCenter job is a workflow_run of main's file,
+    behind the environment's reviewers, with a read-only token; the comment is another job."""
+    findings = {path.name: trust_findings(load(path)) for path in sorted(WORKFLOWS.glob("*.yml"))}
+    assert all(not f for f in findings.values()), findings
+    assert any("self-hosted" in runs_on_labels(job) for job in load(WORKFLOW)["jobs"].values())
+
+
+@pytest.mark.parametrize(
+    ("mistake", "change"),
+    [
+        ("on pull_request", lambda d: d.__setitem__("on", {"pull_request": None})),
+        ("dispatchable from any branch", lambda d: d["on"].__setitem__("workflow_dispatch", None)),
+        ("no gate", lambda d: d["jobs"]["preview"].pop("environment")),
+        ("write token", lambda d: d["jobs"]["preview"]["permissions"].__setitem__("pull-requests", "write")),
+        ("hosted job checking out the head", lambda d: d["jobs"]["comment"]["steps"][0].__setitem__(
+            "with", {"ref": "${{ github.event.workflow_run.head_sha }}"})),
+    ],
+)  # fmt: skip
+def test_the_trust_check_can_fail(mistake: str, change: Any) -> None:
+    document = load(WORKFLOW)
+    change(document)
+    assert trust_findings(document), mistake

@@ -6,7 +6,7 @@
 #
 # Parameters (params.env, rendered by components/rendering/k8s.py): NODE_NAME, NODE_ROLE,
 # K8S_VERSION, K8S_MINOR_VERSION, CONTAINERD_MIN_VERSION, CONTAINERD_VERSION, APT_PROXY,
-# REGISTRY_MIRROR, KUBERNETES_REPOSITORY_URL, KUBERNETES_KEY_FINGERPRINT, CONTAINERD_REPOSITORY_URL,
+# REGISTRY_MIRROR, REGISTRY_MIRROR_CA_FILE, KUBERNETES_REPOSITORY_URL, KUBERNETES_KEY_FINGERPRINT, CONTAINERD_REPOSITORY_URL,
 # CONTAINERD_KEY_FINGERPRINT, DATA_DISK_GIB, DATA_DISK_MOUNT, DATA_DISK_LABEL, DATA_DISK_UNIT.
 # stdout: "prepared <node name>".
 set -Eeuo pipefail
@@ -16,7 +16,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 require_root
 load_params "$HERE"
 : "${NODE_NAME:?}" "${NODE_ROLE:?}" "${K8S_VERSION:?}" "${K8S_MINOR_VERSION:?}" "${CONTAINERD_MIN_VERSION:?}" "${CONTAINERD_VERSION:?}"
-: "${APT_PROXY?}" "${REGISTRY_MIRROR?}" "${DATA_DISK_GIB:?}" "${DATA_DISK_MOUNT?}" "${DATA_DISK_LABEL?}" "${DATA_DISK_UNIT?}"
+: "${APT_PROXY?}" "${REGISTRY_MIRROR?}" "${REGISTRY_MIRROR_CA_FILE?}" "${DATA_DISK_GIB:?}" "${DATA_DISK_MOUNT?}" "${DATA_DISK_LABEL?}" "${DATA_DISK_UNIT?}"
 : "${KUBERNETES_REPOSITORY_URL:?}" "${KUBERNETES_KEY_FINGERPRINT:?}" "${CONTAINERD_REPOSITORY_URL:?}" "${CONTAINERD_KEY_FINGERPRINT:?}"
 
 CONTAINERD_SOCKET=unix:///run/containerd/containerd.sock
@@ -413,14 +413,31 @@ EOF
     fi
     if ((WROTE)); then changed=1; fi
 
-    # Registry mirror for every registry (_default), tried before the registry itself.
-    local hosts=$ROOT/etc/containerd/certs.d/_default/hosts.toml
+    # Registry mirror for every registry (_default), tried before the registry itself; its CA
+    # (labs-k8s:mirrors.registryMirrorCa) trusted for that host, as apt's mirrors pin their keys.
+    local hosts=$ROOT/etc/containerd/certs.d/_default/hosts.toml ca_line=""
+    local ca_path=/etc/containerd/certs.d/_default/registry-mirror-ca.crt
+    if [[ -n $REGISTRY_MIRROR && -n $REGISTRY_MIRROR_CA_FILE ]]; then
+        # Text before the PEM block is fine (Go's pem.Decode skips it); the marker lets remove_managed work.
+        write_file "$ROOT$ca_path" 0644 < <(
+            echo "# labs-k8s: the registry mirror's CA (labs-k8s:mirrors.registryMirrorCa)"
+            cat "$HERE/$REGISTRY_MIRROR_CA_FILE"
+        )
+        if ((WROTE)); then changed=1; fi
+        ca_line="  ca = \"$ca_path\""
+    else
+        remove_managed "$ROOT$ca_path"
+        if ((WROTE)); then changed=1; fi
+    fi
     if [[ -n $REGISTRY_MIRROR ]]; then
-        write_file "$hosts" 0644 <<EOF
+        write_file "$hosts" 0644 < <(
+            cat <<EOF
 # labs-k8s: pull through the lab's registry mirror (labs-k8s:mirrors.registryMirror), then the registry itself
 [host."$REGISTRY_MIRROR"]
   capabilities = ["pull", "resolve"]
 EOF
+            if [[ -n $ca_line ]]; then echo "$ca_line"; fi
+        )
     else
         remove_managed "$hosts"
     fi

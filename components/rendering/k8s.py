@@ -37,13 +37,18 @@ bundle, which the bundle writes root-only (0600); never in params.env, never on 
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import ipaddress
 import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from components.config import CONTAINERD_2_FROM_MINOR, LabConfig, Node, Role
 from components.rendering import (
@@ -74,6 +79,7 @@ UPGRADE_DRAIN_ENTRYPOINT = "upgrade-drain.sh"
 LIB_FILE = "lib.sh"
 UPGRADE_LIB_FILE = "upgrade-lib.sh"
 PARAMS_FILE = "params.env"
+REGISTRY_MIRROR_CA_FILE = "registry-mirror-ca.crt"
 INIT_CONFIG_FILE = "kubeadm-init.yaml"
 JOIN_CONFIG_FILE = "kubeadm-join.yaml"
 FLANNEL_MANIFEST_FILE = "kube-flannel.yml"
@@ -195,11 +201,12 @@ def control_plane_endpoint(cfg: LabConfig) -> str:
 
 
 def api_server_cert_sans(cfg: LabConfig) -> list[str]:
-    """Every name and address a client may use for the API: the VIP, both balancers, every
-    control plane (names, FQDNs under the search domain, addresses) and localhost."""
+    """Every name and address a client may use for the API: the VIP, every control plane (names,
+    FQDNs under the search domain, addresses) and localhost. Not the balancers: HAProxy passes TLS
+    through, so a balancer's name in the certificate would only let a balancer pose as the API."""
     sans: list[str] = [str(cfg.load_balancer.vip)]
     domain = cfg.network.search_domain
-    for node in cfg.balancers + cfg.control_planes:
+    for node in cfg.control_planes:
         sans += [node.name, str(node.ip)]
         if domain:
             sans.append(f"{node.name}.{domain}")
@@ -348,7 +355,8 @@ def prepare_files(cfg: LabConfig, node: Node) -> dict[str, str]:
     if node.role not in (Role.CONTROL_PLANE, Role.WORKER):
         raise ValueError(f"{node.name} is a {node.role.value}; prepare-node.sh is for Kubernetes nodes")
     disk_gib = node.data_disk_gib
-    return _script_files(
+    ca = cfg.mirrors.registry_mirror_ca
+    files = _script_files(
         PREPARE_ENTRYPOINT,
         {
             "NODE_NAME": node.name,
@@ -359,6 +367,7 @@ def prepare_files(cfg: LabConfig, node: Node) -> dict[str, str]:
             "CONTAINERD_VERSION": cfg.kubernetes.containerd_version,
             "APT_PROXY": cfg.mirrors.apt_proxy or "",
             "REGISTRY_MIRROR": cfg.mirrors.registry_mirror or "",
+            "REGISTRY_MIRROR_CA_FILE": REGISTRY_MIRROR_CA_FILE if ca else "",
             **_repository_params(cfg),
             "KUBERNETES_KEY_FINGERPRINT": cfg.mirrors.kubernetes_repository.key_fingerprint,
             "CONTAINERD_REPOSITORY_URL": cfg.mirrors.containerd_repository.url,
@@ -369,6 +378,8 @@ def prepare_files(cfg: LabConfig, node: Node) -> dict[str, str]:
             "DATA_DISK_UNIT": DATA_DISK_UNITS[node.role] if disk_gib else "",
         },
     )
+    # A public certificate: a file of the bundle, like the scripts (no secret, nothing multi-line in params).
+    return {**files, REGISTRY_MIRROR_CA_FILE: ca.strip() + "\n"} if ca else files
 
 
 def _api_params(cfg: LabConfig) -> dict[str, ParamValue]:
@@ -495,12 +506,55 @@ def teardown_guard_files() -> dict[str, str]:
     return _script_files(TEARDOWN_ENTRYPOINT, {})
 
 
-def kubeconfig_files(cfg: LabConfig) -> dict[str, str]:
-    """print-kubeconfig.sh on a healthy control plane (its stdout is a secret)."""
-    return _script_files(
+def kubeconfig_files(cfg: LabConfig, transport_key: str) -> dict[str, str]:
+    """print-kubeconfig.sh on a healthy control plane; it prints the kubeconfig sealed with
+    `transport_key` (a stack secret), never in plain (seal_kubeconfig says why)."""
+    files = _script_files(
         KUBECONFIG_ENTRYPOINT,
-        {"VIP": _ip(cfg.load_balancer.vip), "API_PORT": API_PORT, "RENEW_BEFORE_DAYS": KUBECONFIG_RENEW_BEFORE_DAYS},
+        {
+            "VIP": _ip(cfg.load_balancer.vip),
+            "API_PORT": API_PORT,
+            "RENEW_BEFORE_DAYS": KUBECONFIG_RENEW_BEFORE_DAYS,
+            "TRANSPORT_KEY_FILE": KUBECONFIG_TRANSPORT_KEY_FILE,
+        },
     )
+    return {**files, KUBECONFIG_TRANSPORT_KEY_FILE: transport_key + "\n"}
+
+
+# pulumi-command puts a failed step's stdout into its error text whatever `logging` says, and a
+# session cut after the script printed is such a failure: the kubeconfig travels sealed, as
+# `openssl enc -aes-256-cbc -pbkdf2 -iter 100000 -md sha256 -salt -a -A` writes it.
+KUBECONFIG_TRANSPORT_KEY_FILE = "kubeconfig-transport.key"
+KUBECONFIG_SEALED = re.compile(r"^# labs-k8s: sealed kubeconfig (\S+)$", re.MULTILINE)
+_SEAL_ITERATIONS = 100000
+
+
+def _seal_cipher(transport_key: str, salt: bytes) -> Cipher[modes.CBC]:
+    material = hashlib.pbkdf2_hmac("sha256", transport_key.encode(), salt, _SEAL_ITERATIONS, 48)
+    return Cipher(algorithms.AES(material[:32]), modes.CBC(material[32:]))
+
+
+def seal_kubeconfig(kubeconfig: str, transport_key: str, salt: bytes) -> str:
+    """What print-kubeconfig.sh's openssl writes for `kubeconfig` (plus its newline): for tests and mocks."""
+    padder = padding.PKCS7(128).padder()
+    plain = padder.update((kubeconfig + "\n").encode()) + padder.finalize()
+    encryptor = _seal_cipher(transport_key, salt).encryptor()
+    return base64.b64encode(b"Salted__" + salt + encryptor.update(plain) + encryptor.finalize()).decode()
+
+
+def unseal_kubeconfig(stdout: str, transport_key: str) -> str:
+    """print-kubeconfig.sh's output with the kubeconfig opened: its validity line, then admin.conf."""
+    match = KUBECONFIG_SEALED.search(stdout)
+    if match is None:
+        raise ValueError("print-kubeconfig.sh printed no sealed kubeconfig")
+    raw = base64.b64decode(match.group(1))
+    if raw[:8] != b"Salted__":
+        raise ValueError("the sealed kubeconfig has no salt")
+    decryptor = _seal_cipher(transport_key, raw[8:16]).decryptor()
+    unpadder = padding.PKCS7(128).unpadder()
+    plain = unpadder.update(decryptor.update(raw[16:]) + decryptor.finalize()) + unpadder.finalize()
+    validity = stdout[: match.start()]
+    return validity + plain.decode()
 
 
 KUBECONFIG_VALIDITY = re.compile(r"^# labs-k8s: client certificate valid until (\S+)$", re.MULTILINE)

@@ -39,6 +39,9 @@ INSTALLER_KERNEL = "/install.amd/vmlinuz"
 INSTALLER_INITRD = "/install.amd/initrd.gz"
 BOOT_MENU_TIMEOUT_SECONDS = 3
 
+# Security updates only, never the cluster's packages (issue 50): an apt.conf.d drop-in of the template.
+UNATTENDED_UPGRADES = "52labs-k8s-unattended-upgrades"
+
 # Packages on top of tasksel's "standard" and "ssh-server".
 EXTRA_PACKAGES = (
     "open-vm-tools",
@@ -100,6 +103,7 @@ def late_commands(cfg: LabConfig) -> list[str]:
         f"in-target install -m 0440 {_bundle_path('sudoers')} /etc/sudoers.d/labs-k8s",
         "in-target visudo -cf /etc/sudoers.d/labs-k8s",
         f"in-target install -D -m 0644 {_bundle_path('sshd.conf')} /etc/ssh/sshd_config.d/labs-k8s.conf",
+        f"in-target install -D -m 0644 {_bundle_path(UNATTENDED_UPGRADES)} /etc/apt/apt.conf.d/{UNATTENDED_UPGRADES}",
     ]
     commands.append(f"in-target bash {_bundle_path(SEAL_SCRIPT)} /")
     return commands
@@ -183,6 +187,7 @@ def render_bundle(cfg: LabConfig) -> dict[str, str]:
     for snippet in SEAL_SNIPPETS:
         files[f"{BUNDLE_ISO_DIR}/{snippet}"] = read_file(f"template/{snippet}")
     files[f"{BUNDLE_ISO_DIR}/sshd.conf"] = read_file("template/sshd.conf")
+    files[f"{BUNDLE_ISO_DIR}/{UNATTENDED_UPGRADES}"] = read_file(f"template/{UNATTENDED_UPGRADES}")
     files[f"{BUNDLE_ISO_DIR}/sudoers"] = render_template("template/sudoers.j2", ssh_user=cfg.ssh.user)
     return files
 

@@ -15,6 +15,7 @@ PLACEHOLDERS = {
     "bootstrap token": "render.placeholder00000",
     "certificate key": "0" * 64,
     "VRRP password": "RENDERPH",
+    "kubeconfig transport key": "1" * 64,
     "CA certificate hash": "sha256:" + "0" * 64,
 }
 # What `diff` shows as [secret]. The CA certificate hash is public: every joining node is given it.
@@ -50,7 +51,8 @@ def host_artifacts(lab: LabConfig) -> dict[str, dict[str, str]]:
     out[CLUSTER_FOLDER] = cluster
     cluster.update({f"steps/flannel/{k}": v for k, v in k8s.flannel_files(lab).items()})
     cluster.update({f"steps/verify-cluster/{k}": v for k, v in k8s.verify_files(lab).items()})
-    cluster.update({f"steps/kubeconfig/{k}": v for k, v in k8s.kubeconfig_files(lab).items()})
+    kubeconfig = k8s.kubeconfig_files(lab, PLACEHOLDERS["kubeconfig transport key"])
+    cluster.update({f"steps/kubeconfig/{k}": v for k, v in kubeconfig.items()})
     cluster.update({f"steps/teardown-guard/{k}": v for k, v in k8s.teardown_guard_files().items()})
     for host in lab.kubernetes_nodes:
         refresh = k8s.refresh_files(lab, token, k8s.refresh_certificate_key(host, certificate_key), host)

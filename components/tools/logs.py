@@ -32,16 +32,21 @@ class LogsError(RuntimeError):
 
 
 def remote_script(step: str | None) -> str:
-    """What runs on the node (as root, through sudo -n): read-only, secrets masked."""
+    """What runs on the node (as root, through sudo -n): read-only, secrets masked. `step` is one
+    of the stack's steps (node_steps), and still goes in as quoted words only."""
     mask = r"sed -E 's/(--token|--certificate-key|--discovery-token-ca-cert-hash)([ =])[^ ]+/\1\2[secret]/g'"
     if step:
         directory = shlex.quote(f"{STEP_ROOT}/{step}")
+        missing = shlex.quote(
+            f"no step directory {STEP_ROOT}/{step} on this node: the step never ran here "
+            f"(ls {STEP_ROOT} lists those that did)"
+        )
+        no_logs = shlex.quote(f"no *.log in {STEP_ROOT}/{step}: its output is in the pulumi up output above")
         logs = (
-            f"if [ ! -d {directory} ]; then echo 'no step directory {STEP_ROOT}/{step} on this node: "
-            f"the step never ran here (ls {STEP_ROOT} lists those that did)'; ls {STEP_ROOT} 2>/dev/null; "
+            f"if [ ! -d {directory} ]; then echo {missing}; ls {STEP_ROOT} 2>/dev/null; "
             f'else found=0; for f in {directory}/*.log; do [ -f "$f" ] || continue; found=1; '
             f'echo "==> $f <=="; {mask} "$f"; done; '
-            f"[ $found = 1 ] || echo 'no *.log in {STEP_ROOT}/{step}: its output is in the pulumi up output above'; fi"
+            f"[ $found = 1 ] || echo {no_logs}; fi"
         )
     else:
         logs = (
@@ -65,13 +70,36 @@ def _pulumi(run: Runner, *args: str) -> subprocess.CompletedProcess[str]:
         ) from None
 
 
+def node_steps(stack: str, address: str, vip: str | None) -> list[str]:
+    """The remote steps of the stack that run on the node at `address`, and those through `vip`
+    (a control plane's: they land on one). From the program under mocks, as `render` runs it."""
+    from components.stack_config import REMOTE_COMMAND_TYPES
+    from components.tools.offline import run_program
+
+    run = run_program(stack)
+    hosts = {address, vip} - {None}
+    return sorted(
+        reg.name
+        for type_token in REMOTE_COMMAND_TYPES
+        for reg in run.of_type(type_token)
+        if (reg.plain_inputs.get("connection") or {}).get("host") in hosts
+    )
+
+
 def collect(stack: str, node: str, step: str | None, run: Runner = subprocess.run) -> int:
+    from components.config import Role
     from components.tools.offline import lab_config_from_stack
 
     lab = lab_config_from_stack(stack)
     names = {n.name: n for n in lab.all_nodes}
     if node not in names:
         raise LogsError(f"no node {node!r} in stack {stack!r}: {', '.join(names)}")
+    if step is not None:
+        # STEP reaches a root shell on the node: only a name of the stack's own steps on that node.
+        vip = str(lab.load_balancer.vip) if names[node].role == Role.CONTROL_PLANE else None
+        steps = node_steps(stack, str(names[node].ip), vip)
+        if step not in steps:
+            raise LogsError(f"no step {step!r} of stack {stack!r} runs on {node}; its steps: {', '.join(steps)}")
     outputs = _pulumi(run, "stack", "output", "--json", "--show-secrets", "--stack", stack)
     if outputs.returncode != 0:
         raise LogsError(f"`pulumi stack output --stack {stack}` failed: {outputs.stderr.strip()}")

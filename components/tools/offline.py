@@ -318,10 +318,18 @@ class LabMocks(pulumi.runtime.Mocks):
         if "refresh-join" in name:
             return "sha256:" + _fake_hex(name, 64)
         if "kubeconfig" in name:
+            # print-kubeconfig.sh's output: sealed with the transport key its bundle carries.
+            from components.rendering.k8s import KUBECONFIG_TRANSPORT_KEY_FILE, seal_kubeconfig
+
+            key = _bundle_file(str(_unwrap(inputs.get("stdin", ""))), KUBECONFIG_TRANSPORT_KEY_FILE) or ""
+            kubeconfig = (
+                "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: https://"
+                f"{self.vip}:6443\n  name: labs-k8s"
+            )
+            sealed = seal_kubeconfig(kubeconfig, key.strip(), _fake_hex(name, 16).encode()[:8])
             return (
                 "# labs-k8s: client certificate valid until 2099-01-01T00:00:00Z\n"
-                "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: https://"
-                f"{self.vip}:6443\n  name: labs-k8s\n"
+                f"# labs-k8s: sealed kubeconfig {sealed}\n"
             )
         return ""
 

@@ -311,8 +311,8 @@ def post_comment(
     """Create or update the one marked comment on pull request `number`, if that pull request is
     open and its head is still `head_sha` from `head_repo` (the workflow_run event's own values:
     the number comes from the pull request's artifact, so it is checked, not trusted)."""
-    if marker not in body:
-        raise GitHubError("the comment has no marker: it could never be found again to update")
+    if not body.startswith(marker):
+        raise GitHubError("the comment has no marker at its start: it could never be found again to update")
     base = f"{api.rstrip('/')}/repos/{repo}"
     pull, _ = _request("GET", f"{base}/pulls/{number}", token)
     if pull.get("state") != "open":
@@ -323,7 +323,9 @@ def post_comment(
             "a newer run will comment"
         )
     for comment in _pages(f"{base}/issues/{number}/comments?per_page=100", token):
-        if (comment.get("user") or {}).get("login") == author and marker in (comment.get("body") or ""):
+        # The marker opens the comment: one quoted inside another comment's text (a preview's
+        # output is the pull request's) does not make that comment this one.
+        if (comment.get("user") or {}).get("login") == author and (comment.get("body") or "").startswith(marker):
             _request("PATCH", f"{base}/issues/comments/{comment['id']}", token, {"body": body})
             return f"updated comment {comment['id']} on pull request #{number}"
     created, _ = _request("POST", f"{base}/issues/{number}/comments", token, {"body": body})
