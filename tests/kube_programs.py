@@ -25,10 +25,19 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOLS = REPO_ROOT / "tests" / "tools"
 MANIFEST = TOOLS / "kube" / "manifest.json"
 CACHE = REPO_ROOT / ".cache" / "kube"
+
+
 # Where the snapshots are, as tests/tools/build_plugins.sh looks for them: LABS_K8S_THIRD_PARTY, else
-# ../shared/third_party beside the checkout, else where this machine keeps it (a clean clone elsewhere).
+# LABS_K8S_THIRD_PARTY, else ../shared/third_party beside the checkout, or beside the checkout it was
+# cloned from (a clean clone in /tmp), as tests/tools/build_plugins.sh looks; no path of one machine.
+def _origin() -> Path:
+    url = subprocess.run(["git", "-C", str(REPO_ROOT), "remote", "get-url", "origin"],
+                         capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+    return Path(url) if url and Path(url).is_dir() else REPO_ROOT
+
+
 THIRD_PARTY_CANDIDATES = (os.environ.get("LABS_K8S_THIRD_PARTY", ""), str(REPO_ROOT.parent / "shared" / "third_party"),
-                          "/work/shared/third_party")  # fmt: skip
+                          str(_origin().parent / "shared" / "third_party"))  # fmt: skip
 
 
 def third_party() -> Path:

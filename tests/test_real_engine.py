@@ -152,15 +152,14 @@ def test_an_altered_archive_is_refused_before_anything_is_extracted(tmp_path: Pa
 
 
 def third_party_dir() -> Path:
-    """LABS_K8S_THIRD_PARTY, else ../shared/third_party beside the checkout (build_plugins.sh's
-    order); without either the test cannot run."""
-    from tests.pulumi_engine import REPO_ROOT
+    """Where tests/kube_programs.py and build_plugins.sh find the snapshots; without them the test cannot run."""
+    from tests import kube_programs
 
-    for candidate in (os.environ.get("LABS_K8S_THIRD_PARTY", ""), REPO_ROOT.parent / "shared" / "third_party"):
-        if candidate and (Path(candidate) / "MANIFEST.json").is_file():
-            return Path(candidate)
-    unavailable("no third_party snapshots: set LABS_K8S_THIRD_PARTY or put them at ../shared/third_party")
-    raise AssertionError("unreachable")
+    try:
+        return kube_programs.third_party()
+    except kube_programs.BuildError as error:
+        unavailable(str(error))
+        raise AssertionError("unreachable") from error
 
 
 def planned(lab: EngineLab, *args: str) -> list[dict[str, Any]]:

@@ -24,11 +24,13 @@ source "$TOOLS/go_env.sh"
 log() { printf 'build_plugins: %s\n' "$*" >&2; }
 go=$(go_binary)
 
-# Where the snapshots are: LABS_K8S_THIRD_PARTY, else ../shared/third_party beside the checkout.
-# A clone elsewhere sets LABS_K8S_THIRD_PARTY; no path of one machine is assumed.
+# Where the snapshots are: LABS_K8S_THIRD_PARTY, else ../shared/third_party beside the checkout, or
+# beside the checkout it was cloned from (a clean clone in /tmp); no path of one machine is assumed.
 third_party() {
-    local dir
-    for dir in "${LABS_K8S_THIRD_PARTY:-}" "$REPO/../shared/third_party"; do
+    local dir origin
+    origin=$(git -C "$REPO" remote get-url origin 2>/dev/null) || origin=
+    [[ -d $origin ]] || origin=$REPO
+    for dir in "${LABS_K8S_THIRD_PARTY:-}" "$REPO/../shared/third_party" "$origin/../shared/third_party"; do
         if [[ -n $dir && -f $dir/MANIFEST.json ]]; then
             (cd "$dir" && pwd)
             return 0
