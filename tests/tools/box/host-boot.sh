@@ -11,6 +11,8 @@
 # BOX_STORE, the directory of the stand-ins' shared cluster store (tests/tools/box/standin/), and
 # BOX_MODULES, the directory to show as /lib/modules/$(uname -r): what the running kernel offers.
 set -euo pipefail
+# shellcheck source=host-lib.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 root=$1 lower=$2 upper=$3 work=$4 data_image=${5:-} data_mount=${6:-}
 store=${BOX_STORE:-} modules=${BOX_MODULES:-}
 unset BOX_STORE BOX_MODULES
@@ -26,27 +28,14 @@ if [[ -n $data_image ]]; then
     data_device=$(findmnt -rno SOURCE --mountpoint "$root$data_mount")
 fi
 mount -t proc proc "$root/proc"
+guard_proc_sys "$root"
 # A VM's swap is its own: /proc/swaps lists the machine's, which `swapoff -a` in the host would turn
 # off. The host sees none, as a template clone without a swap partition has none.
 : >"$upper/../swaps.empty"
 mount --bind "$upper/../swaps.empty" "$root/proc/swaps"
 # sysfs mounted from inside the network namespace shows that namespace's interfaces only.
 mount -t sysfs sysfs "$root/sys"
-# A /dev of its own, as a container's: the machine's disks are never visible in a host.
-mount -t tmpfs -o mode=0755,nosuid tmpfs "$root/dev"
-for node in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
-    IFS=: read -r name major minor <<<"$node"
-    mknod -m 0666 "$root/dev/$name" c "$major" "$minor"
-done
-mkdir -p "$root/dev/pts" "$root/dev/shm"
-mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$root/dev/pts"
-ln -s pts/ptmx "$root/dev/ptmx"
-# What udev and systemd link on a booted Debian: bash's process substitution opens /dev/fd/N.
-ln -s /proc/self/fd "$root/dev/fd"
-ln -s /proc/self/fd/0 "$root/dev/stdin"
-ln -s /proc/self/fd/1 "$root/dev/stdout"
-ln -s /proc/self/fd/2 "$root/dev/stderr"
-mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/dev/shm"
+make_dev "$root"
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$root/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/tmp"
 if [[ -n $data_device ]]; then

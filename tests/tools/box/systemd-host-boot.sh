@@ -10,19 +10,14 @@
 # is read-only but for net/ (this host's network namespace's own), and each kernel tunable the
 # kubelet writes is a file of the host's (SYSCTL_DIR) bind-mounted over its /proc/sys entry.
 set -euo pipefail
+# shellcheck source=host-lib.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 root=$1 lower=$2 upper=$3 work=$4 sysctls=$5
 
 mount --make-rprivate /
 mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$root"
 mount -t proc proc "$root/proc"
-# /proc/sys read-only but for net/ and the shadow files: each a mount of its own, on a read-only
-# bind of /proc/sys (a remount changes that mount alone, not the ones on top of it).
-mount --bind "$root/proc/sys" "$root/proc/sys"
-mount --bind "$root/proc/sys/net" "$root/proc/sys/net"
-for entry in "$sysctls"/*; do
-    mount --bind "$entry" "$root/proc/sys/$(basename "$entry" | tr . /)"
-done
-mount -o remount,bind,ro "$root/proc/sys"
+guard_proc_sys "$root" "$sysctls"
 mount -t sysfs sysfs "$root/sys"
 mount -t tmpfs -o mode=0755 tmpfs "$root/sys/fs/cgroup"
 while read -r hierarchy options; do
@@ -31,16 +26,7 @@ while read -r hierarchy options; do
 done < <(awk -F: '$2 != "" { name = $2; sub(/^name=/, "", name); print name, $2 }' /proc/self/cgroup)
 mkdir -p "$root/sys/fs/cgroup/unified"
 mount -t cgroup2 cgroup2 "$root/sys/fs/cgroup/unified"
-# A /dev of its own, as a container's: the machine's disks are never visible in a host.
-mount -t tmpfs -o mode=0755,nosuid tmpfs "$root/dev"
-for node in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0 console:1:3 kmsg:1:3; do
-    IFS=: read -r name major minor <<<"$node"
-    mknod -m 0666 "$root/dev/$name" c "$major" "$minor"
-done
-mkdir -p "$root/dev/pts" "$root/dev/shm"
-mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$root/dev/pts"
-ln -s pts/ptmx "$root/dev/ptmx"
-ln -s /proc/self/fd "$root/dev/fd"
+make_dev "$root" console:1:3 kmsg:1:3
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$root/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/tmp"
 cd "$root"
