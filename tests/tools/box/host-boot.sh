@@ -20,34 +20,22 @@ unset BOX_STORE BOX_MODULES
 mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$root"
 data_device=""
 if [[ -n $data_image ]]; then
-    # The VM's second disk (tests/lab_box.py's docstring says why it is not a real disk here): the
-    # ext4 filesystem cloud-init's disk_setup/fs_setup/mounts leave on it at first boot, an image
-    # file of the VM's own (kept across power cycles, gone with the VM), mounted at its mount point.
-    mkdir -p "$root$data_mount"
-    mount -o loop,noatime "$data_image" "$root$data_mount"
-    data_device=$(findmnt -rno SOURCE --mountpoint "$root$data_mount")
+    # The VM's second disk (tests/lab_box.py's docstring says why it is not a real disk here).
+    data_device=$(mount_data_disk "$root" "$data_image" "$data_mount")
 fi
 mount -t proc proc "$root/proc"
 guard_proc_sys "$root"
-# A VM's swap is its own: /proc/swaps lists the machine's, which `swapoff -a` in the host would turn
-# off. The host sees none, as a template clone without a swap partition has none.
-: >"$upper/../swaps.empty"
-mount --bind "$upper/../swaps.empty" "$root/proc/swaps"
+hide_swaps "$root" "$upper/../swaps.empty"
 # sysfs mounted from inside the network namespace shows that namespace's interfaces only.
 mount -t sysfs sysfs "$root/sys"
 make_dev "$root"
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$root/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/tmp"
 if [[ -n $data_device ]]; then
-    # The disk's device node, as udev makes /dev/sdb on a VM: blkid and findmnt read its UUID.
-    read -r major minor < <(stat -L -c '%t %T' "$data_device")
-    mknod -m 0660 "$root$data_device" b "$((16#$major))" "$((16#$minor))"
+    data_disk_node "$root" "$data_device"
 fi
-release=$(uname -r)
 if [[ -n $modules ]]; then
-    # The kernel is the machine's: its modules (or the index of those built into it), read-only.
-    mkdir -p "$root/lib/modules/$release"
-    mount --bind -o ro "$modules" "$root/lib/modules/$release"
+    show_modules "$root" "$modules"
 fi
 if [[ -n $store ]]; then
     # The stand-ins' shared cluster store (tests/tools/box/standin/box_cluster.py): what etcd's

@@ -40,3 +40,36 @@ make_dev() {
     ln -s /proc/self/fd/2 "$root/dev/stderr"
     mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/dev/shm"
 }
+
+# The VM's second disk: the ext4 image of the VM's own, loop-mounted at MOUNT (the filesystem
+# cloud-init's fs_setup or prepare-node.sh leaves on it). Prints the loop device it is on.
+mount_data_disk() {
+    local root=$1 image=$2 mount=$3
+    mkdir -p "$root$mount"
+    mount -o loop,noatime "$image" "$root$mount"
+    findmnt -rno SOURCE --mountpoint "$root$mount"
+}
+
+# The disk's device node in the host's /dev (after make_dev), as udev makes /dev/sdb on a VM:
+# blkid and findmnt read its UUID there.
+data_disk_node() {
+    local root=$1 device=$2 major minor
+    read -r major minor < <(stat -L -c '%t %T' "$device")
+    mknod -m 0660 "$root$device" b "$((16#$major))" "$((16#$minor))"
+}
+
+# The kernel is the machine's: its modules (or an index of those built into it), read-only.
+show_modules() {
+    local root=$1 modules=$2 release
+    release=$(uname -r)
+    mkdir -p "$root/lib/modules/$release"
+    mount --bind -o ro "$modules" "$root/lib/modules/$release"
+}
+
+# A VM's swap is its own: /proc/swaps lists the machine's, which `swapoff -a` in the host would turn
+# off. The host sees none, as a template clone without a swap partition has none. EMPTY: a file.
+hide_swaps() {
+    local root=$1 empty=$2
+    : >"$empty"
+    mount --bind "$empty" "$root/proc/swaps"
+}

@@ -12,12 +12,25 @@
 set -euo pipefail
 # shellcheck source=host-lib.sh source-path=SCRIPTDIR
 . "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
+# Optional, from the environment: BOX_DATA_IMAGE and BOX_DATA_MOUNT (the VM's second disk),
+# BOX_MODULES (shown as /lib/modules/$(uname -r)), BOX_SCRATCH (directories given a tmpfs of their own:
+# containerd's overlay snapshots cannot live on the host's overlay root, a VM's disk is ext4).
 root=$1 lower=$2 upper=$3 work=$4 sysctls=$5
+data_image=${BOX_DATA_IMAGE:-} data_mount=${BOX_DATA_MOUNT:-} modules=${BOX_MODULES:-} scratch=${BOX_SCRATCH:-}
 
 mount --make-rprivate /
 mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$root"
+data_device=""
+if [[ -n $data_image ]]; then
+    data_device=$(mount_data_disk "$root" "$data_image" "$data_mount")
+fi
+for dir in $scratch; do
+    mkdir -p "$root$dir"
+    mount -t tmpfs -o mode=0711 tmpfs "$root$dir"
+done
 mount -t proc proc "$root/proc"
 guard_proc_sys "$root" "$sysctls"
+hide_swaps "$root" "$upper/../swaps.empty"
 mount -t sysfs sysfs "$root/sys"
 mount -t tmpfs -o mode=0755 tmpfs "$root/sys/fs/cgroup"
 while read -r hierarchy options; do
@@ -29,6 +42,12 @@ mount -t cgroup2 cgroup2 "$root/sys/fs/cgroup/unified"
 make_dev "$root" console:1:3 kmsg:1:3
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$root/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/tmp"
+if [[ -n $data_device ]]; then
+    data_disk_node "$root" "$data_device"
+fi
+if [[ -n $modules ]]; then
+    show_modules "$root" "$modules"
+fi
 cd "$root"
 mkdir -p .box-oldroot
 pivot_root . .box-oldroot
