@@ -88,7 +88,8 @@ def images() -> list[Image]:
         image = Image("pause", pins["pause"], {"pause": _bin("pause") / "pause"}, ("/pause",))
         out[image.name] = image
     flannel = kube_programs.entry("flannel")
-    flanneld = {"opt/bin/flanneld": _bin("flannel") / "flanneld"}
+    # What the DaemonSet runs: flanneld, and install-conf in its install-cni init container.
+    flanneld = {f"opt/bin/{name}": _bin("flannel") / name for name in ("flanneld", "install-conf")}
     out["flannel"] = Image("flannel-io/flannel", flannel["version"], flanneld, ("/opt/bin/flanneld",), userland=True)
     plugin = kube_programs.entry("flannel-cni-plugin")
     files = {"flannel": _bin("flannel-cni-plugin") / "flannel"}
@@ -244,6 +245,47 @@ def _build_store() -> Path:
         if other.name != out.name and other.is_dir():
             shutil.rmtree(other, ignore_errors=True)
     return out / "store"
+
+
+def tls_for_loopback(directory: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1 signed by it (openssl)."""
+    ca, ca_key = directory / "ca.crt", directory / "ca.key"
+    cert, key, csr = directory / "registry.crt", directory / "registry.key", directory / "registry.csr"
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    subprocess.run(
+        ["openssl", "req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=box CA"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        ["openssl", "req", *curve, "-keyout", key, "-out", csr, "-subj", "/CN=registry"],
+        check=True,
+        capture_output=True,
+    )
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    subprocess.run(
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-out",
+            cert,
+            "-days",
+            "1",
+            "-extfile",
+            directory / "san.ext",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return ca, cert, key
 
 
 @contextlib.contextmanager

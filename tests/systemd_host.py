@@ -46,6 +46,10 @@ class SystemdHost:
     directory: Path
     memory_mib: int = 2048
     cpus: float = 2.0
+    netns: str | None = None  # a named network namespace (ip netns) to boot in; None: a new, empty one
+    data_disk: tuple[Path, str] | None = None  # the VM's second disk: (ext4 image, mount point)
+    modules: Path | None = None  # shown as /lib/modules/<release> (tests/lab_box.py modules_index)
+    scratch: tuple[str, ...] = ()  # directories given a tmpfs of their own (systemd-host-boot.sh)
     proc: subprocess.Popen[bytes] | None = None
     cgroups: list[Path] = field(default_factory=list)
 
@@ -78,12 +82,20 @@ class SystemdHost:
         # The shell joins the host's cgroups first, then unshares: the new cgroup namespace's root
         # is the host's cgroup.
         script = f'for f in {procs}; do echo $$ > "$f"; done; exec "$@"'
-        argv = ["unshare", "--cgroup", "--mount", "--uts", "--ipc", "--net", "--pid", "--fork", "bash", str(BOOT)]
+        net = ["ip", "netns", "exec", self.netns] if self.netns else []
+        unshare = ["unshare", "--cgroup", "--mount", "--uts", "--ipc", *([] if self.netns else ["--net"])]
+        argv = [*net, *unshare, "--pid", "--fork", "bash", str(BOOT)]
         paths = [self.directory / sub for sub in ("root", "upper", "work", "sysctl")]
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BOX_SCRATCH": " ".join(self.scratch)}
+        if self.data_disk is not None:
+            env |= {"BOX_DATA_IMAGE": str(self.data_disk[0]), "BOX_DATA_MOUNT": self.data_disk[1]}
+        if self.modules is not None:
+            env["BOX_MODULES"] = str(self.modules)
         self.proc = subprocess.Popen(
             ["bash", "-c", script, "bash", *argv, str(paths[0]), str(self.rootfs), *map(str, paths[1:])],
             stdout=(self.directory / "boot.log").open("w"),
             stderr=subprocess.STDOUT,
+            env=env,
             start_new_session=True,
         )
 
@@ -94,11 +106,11 @@ class SystemdHost:
         assert len(children) == 1, children
         return int(children[0])
 
-    def run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def run(self, *argv: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess[str]:
         """`argv` in the host's namespaces and root, as root."""
         return subprocess.run(
             ["nsenter", "-t", str(self.init_pid()), "-a", "--", *argv],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True, text=True, timeout=timeout, input=input, check=False,
             env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
         )  # fmt: skip
 

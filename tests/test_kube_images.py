@@ -26,50 +26,9 @@ def _store() -> Path:
         raise AssertionError("unreachable") from error
 
 
-def _tls(directory: Path) -> tuple[Path, Path, Path]:
-    """A throwaway CA and a server certificate for 127.0.0.1 signed by it (openssl)."""
-    ca, ca_key = directory / "ca.crt", directory / "ca.key"
-    cert, key, csr = directory / "registry.crt", directory / "registry.key", directory / "registry.csr"
-    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    subprocess.run(
-        ["openssl", "req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=box CA"],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        ["openssl", "req", *curve, "-keyout", key, "-out", csr, "-subj", "/CN=registry"],
-        check=True,
-        capture_output=True,
-    )
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    subprocess.run(
-        [
-            "openssl",
-            "x509",
-            "-req",
-            "-in",
-            csr,
-            "-CA",
-            ca,
-            "-CAkey",
-            ca_key,
-            "-CAcreateserial",
-            "-out",
-            cert,
-            "-days",
-            "1",
-            "-extfile",
-            directory / "san.ext",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return ca, cert, key
-
-
 def test_the_registry_serves_every_image_kubeadm_and_flannel_name(tmp_path: Path) -> None:
     store = _store()
-    ca, cert, key = _tls(tmp_path)
+    ca, cert, key = kube_images.tls_for_loopback(tmp_path)
     with kube_images.serve(store, cert, key) as address:
         repositories = set(kube_images.catalog(address, ca))
     wanted = {image.repository for image in kube_images.images()}
@@ -147,7 +106,7 @@ def _crictl_through_mirror(tmp_path: Path, pin_ca: bool) -> Iterator[list[str]]:
     require_root()
     require_tool("unshare", "openssl")
     store = _store()
-    ca, cert, key = _tls(tmp_path)
+    ca, cert, key = kube_images.tls_for_loopback(tmp_path)
     crictl = kube_programs.build_one("cri-tools") / "crictl"
     with _netns() as netns, kube_images.serve(store, cert, key, netns) as address:
         hosts = tmp_path / "certs.d" / "_default" / "hosts.toml"
@@ -188,7 +147,7 @@ def test_kube_proxy_and_flannel_images_carry_the_iptables_and_cp_they_run(tmp_pa
     Debian's, in the image, run in a chroot of the exported image."""
     require_root()
     store = _store()
-    ca, cert, key = _tls(tmp_path)
+    ca, cert, key = kube_images.tls_for_loopback(tmp_path)
     crane = kube_programs.build_one("crane") / "crane"
     version = kube_programs.entry("kubernetes-1.37")["version"]
     with kube_images.serve(store, cert, key) as address:

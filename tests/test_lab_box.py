@@ -52,6 +52,7 @@ from tests.box_repo import build as build_box_repo
 from tests.firstboot import sealed_rootfs
 from tests.lab_box import SSHD_LOG, SYSLOG, DataDiskImage, LabBox, NodeHost
 from tests.labs import make_lab_config
+from tests.machine_settings import changed, machine_sysctls
 from tests.pulumi_engine import EngineLab, Result, readme_setup, start_lab, stop_lab
 from tests.requirements import require_root, require_tool, unavailable
 from tests.standin_iso import build_standin_netinst
@@ -194,8 +195,10 @@ def open_box(
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     require_root()
     require_tool("ip", "make", "jq", "ssh-keygen", "ssh-keyscan", "nsenter", "unshare", "debootstrap")
+    before = machine_sysctls()
     with open_box(tmp_path_factory.mktemp("box")) as box:
         run_scenario(box)
+        box.stages["machine_settings_changed"] = changed(before, machine_sysctls())
         yield box
 
 
@@ -1006,3 +1009,9 @@ def test_make_up_after_make_destroy_builds_a_new_cluster_and_destroy_leaves_noth
     assert verified in again["up"].output, again["up"].output[-3000:]
     assert again["destroy"].ok, again["destroy"].output[-3000:]
     assert again["hosts_after"] == [], again["hosts_after"]
+
+
+def test_the_whole_scenario_changed_no_machine_wide_setting(box: Box) -> None:
+    """Fifteen hosts booted, their steps, the drills and two destroys: the machine's kernel settings
+    (`sysctl -a` outside the box, less counters and net.*) are as they were before the box."""
+    assert box.stages["machine_settings_changed"] == {}

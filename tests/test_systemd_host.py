@@ -5,7 +5,6 @@ cgroups, the kubelet's kernel tunables land in the host's files, and no machine-
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,31 +12,13 @@ import pytest
 
 from tests.firstboot import sealed_rootfs
 from tests.labs import make_lab_config
+from tests.machine_settings import changed, machine_sysctls, settings
 from tests.requirements import require_root, require_tool
 from tests.systemd_host import KUBELET_SYSCTLS, SystemdHost, hierarchies
 
 # Units a container has no business running, and why they fail in one (none is ours): systemd's
 # own conditions keep most of them quiet; these are what a booted box host lists as failed.
 EXPECTED_FAILED: dict[str, str] = {}
-# sysctl -a keys left out: counters that move by themselves on a busy machine; net.*, per network
-# namespace (the box beside the suite adds and removes interface keys in the machine's); and the
-# fs.protected_* that the stand-in lab box's hosts still set machine-wide (tests/tools/box/init.sh's
-# `sysctl --system`): they go from this list when the lab box's hosts are these.
-VOLATILE = re.compile(
-    r"^(fs\.(dentry-state|inode-nr|inode-state|file-nr|aio-nr|quota\..*|protected_.*)"
-    r"|kernel\.(ns_last_pid|random\..*|pty\.nr)|net\..*|vm\.(nr_.*|stat_refresh)|fs\.fanotify\..*count.*) = ",
-    re.M,
-)
-
-
-def settings(sysctl_a: str) -> dict[str, str]:
-    """`sysctl -a`'s settings, less the counters that move by themselves."""
-    lines = (line for line in sysctl_a.splitlines() if " = " in line and not VOLATILE.match(line))
-    return dict(line.split(" = ", 1) for line in lines)
-
-
-def machine_sysctls() -> dict[str, str]:
-    return settings(subprocess.run(["sysctl", "-a"], capture_output=True, text=True, check=False).stdout)
 
 
 @pytest.fixture
@@ -82,13 +63,13 @@ def test_systemd_boots_the_template_and_makes_the_kubelets_slices_in_the_hosts_c
     assert host.run("sysctl", "-w", "net.ipv4.ip_forward=1").returncode == 0
     group = host.cgroups[0].name
     host.stop()
-    after = machine_sysctls()
-    assert {k: (v, after.get(k)) for k, v in before.items() if after.get(k) != v} == {}
+    assert changed(before, machine_sysctls()) == {}
     assert not [hierarchy for hierarchy in hierarchies() if (hierarchy / group).exists()]
 
 
 def test_the_sysctl_comparison_sees_a_changed_setting_and_ignores_counters() -> None:
     """The check can fail: a setting that moved differs; a counter that moved does not."""
-    before = settings("kernel.panic = 0\nfs.file-nr = 1 0 9\nnet.ipv4.ip_forward = 0\n")
-    assert settings("kernel.panic = 10\nfs.file-nr = 5 0 9\n") != before
-    assert settings("kernel.panic = 0\nfs.file-nr = 5 0 9\n") == before
+    before = settings("kernel.panic = 0\nfs.file-nr = 1 0 9\nfs.protected_regular = 0\nnet.ipv4.ip_forward = 0\n")
+    assert changed(before, settings("kernel.panic = 10\nfs.file-nr = 5 0 9\nfs.protected_regular = 0\n"))
+    assert changed(before, settings("kernel.panic = 0\nfs.file-nr = 5 0 9\nfs.protected_regular = 2\n"))
+    assert not changed(before, settings("kernel.panic = 0\nfs.file-nr = 5 0 9\nfs.protected_regular = 0\n"))

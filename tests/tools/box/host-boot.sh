@@ -11,6 +11,8 @@
 # BOX_STORE, the directory of the stand-ins' shared cluster store (tests/tools/box/standin/), and
 # BOX_MODULES, the directory to show as /lib/modules/$(uname -r): what the running kernel offers.
 set -euo pipefail
+# shellcheck source=host-lib.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 root=$1 lower=$2 upper=$3 work=$4 data_image=${5:-} data_mount=${6:-}
 store=${BOX_STORE:-} modules=${BOX_MODULES:-}
 unset BOX_STORE BOX_MODULES
@@ -18,47 +20,22 @@ unset BOX_STORE BOX_MODULES
 mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$root"
 data_device=""
 if [[ -n $data_image ]]; then
-    # The VM's second disk (tests/lab_box.py's docstring says why it is not a real disk here): the
-    # ext4 filesystem cloud-init's disk_setup/fs_setup/mounts leave on it at first boot, an image
-    # file of the VM's own (kept across power cycles, gone with the VM), mounted at its mount point.
-    mkdir -p "$root$data_mount"
-    mount -o loop,noatime "$data_image" "$root$data_mount"
-    data_device=$(findmnt -rno SOURCE --mountpoint "$root$data_mount")
+    # The VM's second disk (tests/lab_box.py's docstring says why it is not a real disk here).
+    data_device=$(mount_data_disk "$root" "$data_image" "$data_mount")
 fi
 mount -t proc proc "$root/proc"
-# A VM's swap is its own: /proc/swaps lists the machine's, which `swapoff -a` in the host would turn
-# off. The host sees none, as a template clone without a swap partition has none.
-: >"$upper/../swaps.empty"
-mount --bind "$upper/../swaps.empty" "$root/proc/swaps"
+guard_proc_sys "$root"
+hide_swaps "$root" "$upper/../swaps.empty"
 # sysfs mounted from inside the network namespace shows that namespace's interfaces only.
 mount -t sysfs sysfs "$root/sys"
-# A /dev of its own, as a container's: the machine's disks are never visible in a host.
-mount -t tmpfs -o mode=0755,nosuid tmpfs "$root/dev"
-for node in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
-    IFS=: read -r name major minor <<<"$node"
-    mknod -m 0666 "$root/dev/$name" c "$major" "$minor"
-done
-mkdir -p "$root/dev/pts" "$root/dev/shm"
-mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$root/dev/pts"
-ln -s pts/ptmx "$root/dev/ptmx"
-# What udev and systemd link on a booted Debian: bash's process substitution opens /dev/fd/N.
-ln -s /proc/self/fd "$root/dev/fd"
-ln -s /proc/self/fd/0 "$root/dev/stdin"
-ln -s /proc/self/fd/1 "$root/dev/stdout"
-ln -s /proc/self/fd/2 "$root/dev/stderr"
-mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/dev/shm"
+make_dev "$root"
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$root/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/tmp"
 if [[ -n $data_device ]]; then
-    # The disk's device node, as udev makes /dev/sdb on a VM: blkid and findmnt read its UUID.
-    read -r major minor < <(stat -L -c '%t %T' "$data_device")
-    mknod -m 0660 "$root$data_device" b "$((16#$major))" "$((16#$minor))"
+    data_disk_node "$root" "$data_device"
 fi
-release=$(uname -r)
 if [[ -n $modules ]]; then
-    # The kernel is the machine's: its modules (or the index of those built into it), read-only.
-    mkdir -p "$root/lib/modules/$release"
-    mount --bind -o ro "$modules" "$root/lib/modules/$release"
+    show_modules "$root" "$modules"
 fi
 if [[ -n $store ]]; then
     # The stand-ins' shared cluster store (tests/tools/box/standin/box_cluster.py): what etcd's

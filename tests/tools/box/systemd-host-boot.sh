@@ -10,19 +10,27 @@
 # is read-only but for net/ (this host's network namespace's own), and each kernel tunable the
 # kubelet writes is a file of the host's (SYSCTL_DIR) bind-mounted over its /proc/sys entry.
 set -euo pipefail
+# shellcheck source=host-lib.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
+# Optional, from the environment: BOX_DATA_IMAGE and BOX_DATA_MOUNT (the VM's second disk),
+# BOX_MODULES (shown as /lib/modules/$(uname -r)), BOX_SCRATCH (directories given a tmpfs of their own:
+# containerd's overlay snapshots cannot live on the host's overlay root, a VM's disk is ext4).
 root=$1 lower=$2 upper=$3 work=$4 sysctls=$5
+data_image=${BOX_DATA_IMAGE:-} data_mount=${BOX_DATA_MOUNT:-} modules=${BOX_MODULES:-} scratch=${BOX_SCRATCH:-}
 
 mount --make-rprivate /
 mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$root"
-mount -t proc proc "$root/proc"
-# /proc/sys read-only but for net/ and the shadow files: each a mount of its own, on a read-only
-# bind of /proc/sys (a remount changes that mount alone, not the ones on top of it).
-mount --bind "$root/proc/sys" "$root/proc/sys"
-mount --bind "$root/proc/sys/net" "$root/proc/sys/net"
-for entry in "$sysctls"/*; do
-    mount --bind "$entry" "$root/proc/sys/$(basename "$entry" | tr . /)"
+data_device=""
+if [[ -n $data_image ]]; then
+    data_device=$(mount_data_disk "$root" "$data_image" "$data_mount")
+fi
+for dir in $scratch; do
+    mkdir -p "$root$dir"
+    mount -t tmpfs -o mode=0711 tmpfs "$root$dir"
 done
-mount -o remount,bind,ro "$root/proc/sys"
+mount -t proc proc "$root/proc"
+guard_proc_sys "$root" "$sysctls"
+hide_swaps "$root" "$upper/../swaps.empty"
 mount -t sysfs sysfs "$root/sys"
 mount -t tmpfs -o mode=0755 tmpfs "$root/sys/fs/cgroup"
 while read -r hierarchy options; do
@@ -31,18 +39,15 @@ while read -r hierarchy options; do
 done < <(awk -F: '$2 != "" { name = $2; sub(/^name=/, "", name); print name, $2 }' /proc/self/cgroup)
 mkdir -p "$root/sys/fs/cgroup/unified"
 mount -t cgroup2 cgroup2 "$root/sys/fs/cgroup/unified"
-# A /dev of its own, as a container's: the machine's disks are never visible in a host.
-mount -t tmpfs -o mode=0755,nosuid tmpfs "$root/dev"
-for node in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0 console:1:3 kmsg:1:3; do
-    IFS=: read -r name major minor <<<"$node"
-    mknod -m 0666 "$root/dev/$name" c "$major" "$minor"
-done
-mkdir -p "$root/dev/pts" "$root/dev/shm"
-mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$root/dev/pts"
-ln -s pts/ptmx "$root/dev/ptmx"
-ln -s /proc/self/fd "$root/dev/fd"
+make_dev "$root" console:1:3 kmsg:1:3
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$root/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/tmp"
+if [[ -n $data_device ]]; then
+    data_disk_node "$root" "$data_device"
+fi
+if [[ -n $modules ]]; then
+    show_modules "$root" "$modules"
+fi
 cd "$root"
 mkdir -p .box-oldroot
 pivot_root . .box-oldroot
