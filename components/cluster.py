@@ -191,7 +191,7 @@ class KubeadmCluster(pulumi.ComponentResource):
         )
         # The kubeconfig leaves the node sealed with this key: even an error text holding the
         # step's stdout holds no credential (k8s_rendering.seal_kubeconfig).
-        transport_key = self._steps.derived_secret("kubeconfig transport")
+        transport_key = pins.derived_secret("kubeconfig transport")
         self.kubeconfig_step = self._steps.through_vip(
             "kubeconfig",
             steps.Script(

@@ -148,6 +148,14 @@ class HostPins:
     # ran while one of them still had the old key would fail with `ssh: host key mismatch`.
     cluster_presented: list[pulumi.Resource] = field(default_factory=list)
 
+    def derived_secret(self, purpose: str) -> pulumi.Output[str]:
+        """A 256-bit stack secret for `purpose`, derived from the triggers' HMAC key (no new resource)."""
+        return pulumi.Output.secret(
+            pulumi.Output.from_input(self.trigger_key).apply(
+                lambda key: hmac.new(str(key).encode(), f"labs-k8s {purpose}".encode(), hashlib.sha256).hexdigest()
+            )
+        )
+
 
 def trigger_digest(key: str, bundle: str) -> str:
     """What stands for a bundle with secrets in `triggers`: an HMAC-SHA256 keyed by a 256-bit stack
@@ -394,14 +402,6 @@ class RemoteSteps:
         own bundle changes, never because a step or VM before it was replaced."""
         return self._register(
             _Step(name, script, node=node, depends_on=after, timeout=timeout, upstream_triggers=False)
-        )
-
-    def derived_secret(self, purpose: str) -> pulumi.Output[str]:
-        """A 256-bit stack secret for `purpose`, derived from the triggers' HMAC key (no new resource)."""
-        return pulumi.Output.secret(
-            pulumi.Output.from_input(self._pins.trigger_key).apply(
-                lambda key: hmac.new(str(key).encode(), f"labs-k8s {purpose}".encode(), hashlib.sha256).hexdigest()
-            )
         )
 
     def _register(self, step: _Step) -> remote.Command:
