@@ -1,10 +1,10 @@
-"""The project's own steps on nodes of real programs (tests/real_node.py), a control plane and a worker:
-prepare-node.sh installs the real containerd, kubelet and kubeadm from the box's signed repositories;
-kubeadm-init.sh runs the real kubeadm init through the VIP (HAProxy with the project's haproxy.cfg);
-refresh-join-material.sh and join-worker.sh join the worker with the CA hash the refresh printed;
-apply-flannel.sh rolls out Flannel from the registry mirror. Both Nodes become Ready, every pod runs,
-CoreDNS answers through kube-proxy's Service, a pod on the worker is reached over Flannel's VXLAN, and
-the steps run again change nothing."""
+"""The project's own steps on nodes of real programs (tests/real_node.py), two control planes and a
+worker: prepare-node.sh installs the real containerd, kubelet and kubeadm from the box's signed
+repositories; kubeadm-init.sh runs the real kubeadm init through the VIP (HAProxy with the project's
+haproxy.cfg); refresh-join-material.sh and the join scripts join m02 and w01 with the CA hash the
+refresh printed; apply-flannel.sh rolls out Flannel from the registry mirror. The Nodes become Ready,
+m02 is a voting etcd member, every pod runs, CoreDNS answers through kube-proxy's Service, a pod on the
+worker is reached over Flannel's VXLAN, and the steps run again change nothing."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from components.config import Role
 from components.rendering import k8s as k8s_rendering
 from tests import kube_programs, real_node
 from tests.machine_settings import changed, machine_sysctls
@@ -26,6 +27,11 @@ from tests.requirements import require_root, require_tool, unavailable
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 TOKEN = "labsk8.0123456789abcdef"
+# etcdctl inside the etcd pod, with the certificates kubeadm gave that member.
+ETCDCTL = (
+    "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/kubernetes/pki/etcd/ca.crt",
+    "--cert=/etc/kubernetes/pki/etcd/server.crt", "--key=/etc/kubernetes/pki/etcd/server.key",
+)  # fmt: skip
 # What the kubelet sets at start (k8s.io/kubernetes pkg/kubelet/cm/container_manager_linux.go).
 KUBELET_SET = {"vm.overcommit_memory": "1", "vm.panic_on_oom": "0", "kernel.panic": "10", "kernel.panic_on_oops": "1"}
 CERTIFICATE_KEY = "0f" * 32
@@ -52,7 +58,8 @@ print(struct.unpack(">H", reply[6:8])[0], ".".join(str(b) for b in reply[-4:]))
 """
 
 
-CONTROL_PLANE, WORKER = "labs-k8s-m01", "labs-k8s-w01"
+CONTROL_PLANE, JOINING_CONTROL_PLANE, WORKER = "labs-k8s-m01", "labs-k8s-m02", "labs-k8s-w01"
+NODES = (CONTROL_PLANE, JOINING_CONTROL_PLANE, WORKER)
 
 
 @dataclass
@@ -96,9 +103,10 @@ def wait_all_running(node: real_node.RealNode, timeout: float = 300) -> list[dic
 
 def converge(run: Run, into: dict[str, CompletedProcess[str]], refresh: bool) -> bool:
     """The cluster's steps in the program's order (components/cluster.py): prepare each node (at once,
-    as the engine runs them), init, the worker's join-material refresh on the control plane (its
-    stdout: the CA hash the join pins), the worker's join, Flannel. False at the first that fails."""
-    cfg, control_plane, worker = run.lab.cfg, run.lab.nodes[CONTROL_PLANE], run.lab.nodes[WORKER]
+    as the engine runs them), init, then for each joining node its join-material refresh on the first
+    control plane (its stdout: the CA hash the join pins) and its join, the control plane first, then
+    Flannel. False at the first step that fails."""
+    cfg, first = run.lab.cfg, run.lab.nodes[CONTROL_PLANE]
     prepare = k8s_rendering.PREPARE_ENTRYPOINT
     with ThreadPoolExecutor() as pool:
         prepared = {
@@ -108,23 +116,32 @@ def converge(run: Run, into: dict[str, CompletedProcess[str]], refresh: bool) ->
     into |= {f"{name} prepare": future.result() for name, future in prepared.items()}
     if any(done.returncode for done in into.values()):
         return False
-    into["init"] = control_plane.step(
+    into["init"] = first.step(
         "init", k8s_rendering.init_files(cfg, TOKEN, CERTIFICATE_KEY), k8s_rendering.INIT_ENTRYPOINT
     )
     if into["init"].returncode:
         return False
-    if refresh:
-        files = k8s_rendering.refresh_files(cfg, TOKEN, None, worker.node)
-        into["refresh"] = control_plane.step(f"{WORKER}-refresh", files, k8s_rendering.REFRESH_ENTRYPOINT)
-        if into["refresh"].returncode:
+    for name in (JOINING_CONTROL_PLANE, WORKER):
+        joining = run.lab.nodes[name]
+        control_plane = joining.node.role is Role.CONTROL_PLANE
+        if refresh:
+            key = CERTIFICATE_KEY if control_plane else None
+            files = k8s_rendering.refresh_files(cfg, TOKEN, key, joining.node)
+            into[f"{name} refresh"] = done = first.step(f"{name}-refresh", files, k8s_rendering.REFRESH_ENTRYPOINT)
+            if done.returncode:
+                return False
+            run.facts[f"{name} ca_cert_hash"] = done.stdout.strip().splitlines()[-1]
+        if control_plane:
+            files = k8s_rendering.control_plane_join_files(cfg, joining.node, TOKEN, CERTIFICATE_KEY)
+            entrypoint = k8s_rendering.CONTROL_PLANE_JOIN_ENTRYPOINT
+        else:
+            files = k8s_rendering.worker_join_files(cfg, joining.node, TOKEN)
+            entrypoint = k8s_rendering.WORKER_JOIN_ENTRYPOINT
+        args = k8s_rendering.join_args(run.facts[f"{name} ca_cert_hash"])
+        into[f"{name} join"] = done = joining.step("join", files, entrypoint, args)
+        if done.returncode:
             return False
-        run.facts["ca_cert_hash"] = into["refresh"].stdout.strip().splitlines()[-1]
-    join = k8s_rendering.worker_join_files(cfg, worker.node, TOKEN)
-    args = k8s_rendering.join_args(run.facts["ca_cert_hash"])
-    into["join"] = worker.step("join", join, k8s_rendering.WORKER_JOIN_ENTRYPOINT, args)
-    if into["join"].returncode:
-        return False
-    into["flannel"] = control_plane.step("flannel", k8s_rendering.flannel_files(cfg), k8s_rendering.FLANNEL_ENTRYPOINT)
+    into["flannel"] = first.step("flannel", k8s_rendering.flannel_files(cfg), k8s_rendering.FLANNEL_ENTRYPOINT)
     return into["flannel"].returncode == 0
 
 
@@ -134,7 +151,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     require_tool("ip", "unshare", "nsenter", "haproxy", "mkfs.ext4", "openssl", "debootstrap")
     before = machine_sysctls()
     try:
-        context = real_node.lab(tmp_path_factory.mktemp("real-node"), (CONTROL_PLANE, WORKER))
+        context = real_node.lab(tmp_path_factory.mktemp("real-node"), NODES)
         lab = context.__enter__()
     except kube_programs.BuildError as error:
         unavailable(f"the node's real programs could not be built: {error}")
@@ -148,6 +165,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 "python3", "-c", DNS_QUERY, "kubernetes.default.svc.cluster.local", "10.96.0.10"
             )
             result.facts["vxlan"] = pod_across_hosts(result)
+            result.facts["etcd_members"] = kubectl(
+                node, "-n", "kube-system", "exec", f"etcd-{CONTROL_PLANE}", "--", "etcdctl", *ETCDCTL, "member", "list",
+                "-w", "json",
+            )  # fmt: skip
             result.facts["pids_before"] = main_pids(lab)
             converge(result, result.again, refresh=False)
             result.facts["pids_after"] = main_pids(lab)
@@ -187,10 +208,10 @@ def output(done: CompletedProcess[str]) -> str:
 def test_the_steps_make_a_ready_cluster_of_the_real_programs(run: Run) -> None:
     for name, done in run.steps.items():
         assert done.returncode == 0, f"{name}:\n{output(done)[-6000:]}"
-    assert sorted(run.steps) == sorted([f"{CONTROL_PLANE} prepare", f"{WORKER} prepare", "init", "refresh", "join",
-                                        "flannel"])  # fmt: skip
+    joins = [f"{name} {step}" for name in (JOINING_CONTROL_PLANE, WORKER) for step in ("refresh", "join")]
+    assert sorted(run.steps) == sorted([*(f"{name} prepare" for name in NODES), "init", *joins, "flannel"])
     nodes = json.loads(kubectl(run.control_plane, "get", "nodes", "-o", "json").stdout)["items"]
-    assert sorted(n["metadata"]["name"] for n in nodes) == [CONTROL_PLANE, WORKER]
+    assert sorted(n["metadata"]["name"] for n in nodes) == sorted(NODES)
     cfg = run.lab.cfg
     for node in nodes:
         info = node["status"]["nodeInfo"]
@@ -221,7 +242,7 @@ def test_the_steps_run_again_change_nothing(run: Run) -> None:
     assert run.again, f"the steps did not finish: {sorted(run.steps)}"
     for name, done in run.again.items():
         assert done.returncode == 0, f"{name}:\n{output(done)[-6000:]}"
-    for name in (CONTROL_PLANE, WORKER):
+    for name in NODES:
         assert "installing" not in output(run.again[f"{name} prepare"]), output(run.again[f"{name} prepare"])
     assert "kubeadm init for" not in output(run.again["init"]), output(run.again["init"])
     assert run.facts["pids_after"] == run.facts["pids_before"]
@@ -241,3 +262,12 @@ def test_a_pod_on_the_worker_is_reached_from_the_control_plane_over_flannels_vxl
     assert vxlan is not None, f"the steps did not finish: {sorted(run.steps)}"
     assert " dev flannel.1 " in vxlan["route"], vxlan
     assert vxlan["reached"] == "refused", vxlan  # a reset from the pod's own kernel, not a timeout
+
+
+def test_the_joined_control_plane_is_a_second_voting_etcd_member(run: Run) -> None:
+    listed = run.facts.get("etcd_members")
+    assert listed is not None, f"the steps did not finish: {sorted(run.steps)}"
+    assert listed.returncode == 0, listed.stderr
+    members = json.loads(listed.stdout)["members"]
+    assert sorted(m["name"] for m in members) == [CONTROL_PLANE, JOINING_CONTROL_PLANE], members
+    assert not [m for m in members if m.get("isLearner")], members
