@@ -150,7 +150,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _registry_config(store: Path, port: int, tls: tuple[Path, Path] | None, readonly: bool) -> str:
+def _registry_config(store: Path, port: int, tls: tuple[Path, Path] | None, readonly: bool, address: str) -> str:
     config = {
         "version": 0.1,
         "log": {"level": "warn"},
@@ -158,36 +158,40 @@ def _registry_config(store: Path, port: int, tls: tuple[Path, Path] | None, read
             "filesystem": {"rootdirectory": str(store)},
             "maintenance": {"uploadpurging": {"enabled": False}, "readonly": {"enabled": readonly}},
         },
-        "http": {"addr": f"127.0.0.1:{port}"},
+        "http": {"addr": f"{address}:{port}"},
     }
     if tls is not None:
         config["http"]["tls"] = {"certificate": str(tls[0]), "key": str(tls[1])}  # type: ignore[index]
     return json.dumps(config)  # YAML is a superset of JSON
 
 
-def _listening(port: int, netns: str | None) -> bool:
+def _listening(port: int, netns: str | None, address: str) -> bool:
     if netns is None:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=1):
             return True
         return False
-    probe = ["ip", "netns", "exec", netns, "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"]
+    probe = ["ip", "netns", "exec", netns, "bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}"]
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
 
 
 @contextlib.contextmanager
 def _registry(
-    store: Path, tls: tuple[Path, Path] | None = None, readonly: bool = False, netns: str | None = None
+    store: Path,
+    tls: tuple[Path, Path] | None = None,
+    readonly: bool = False,
+    netns: str | None = None,
+    address: str = "127.0.0.1",
 ) -> Iterator[int]:
-    """The real `registry` on a loopback port (of `netns` when given), until the block ends."""
+    """The real `registry` on a port of `address` (loopback; of `netns` when given), until the block ends."""
     port = _free_port() if netns is None else 5000
     config = store.parent / f"registry-{port}.yml"
-    config.write_text(_registry_config(store, port, tls, readonly))
+    config.write_text(_registry_config(store, port, tls, readonly, address))
     log = (store.parent / f"registry-{port}.log").open("w")
     prefix = [] if netns is None else ["ip", "netns", "exec", netns]
     proc = subprocess.Popen([*prefix, str(_bin("registry") / "registry"), "serve", str(config)], stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 30
-        while not _listening(port, netns):
+        while not _listening(port, netns, address):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the registry did not start: {(store.parent / f'registry-{port}.log').read_text()}")
             time.sleep(0.1)
@@ -247,8 +251,8 @@ def _build_store() -> Path:
     return out / "store"
 
 
-def tls_for_loopback(directory: Path) -> tuple[Path, Path, Path]:
-    """A throwaway CA and a server certificate for 127.0.0.1 signed by it (openssl)."""
+def throwaway_tls(directory: Path, addresses: tuple[str, ...] = ("127.0.0.1",)) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for `addresses` signed by it (openssl)."""
     ca, ca_key = directory / "ca.crt", directory / "ca.key"
     cert, key, csr = directory / "registry.crt", directory / "registry.key", directory / "registry.csr"
     curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -262,7 +266,7 @@ def tls_for_loopback(directory: Path) -> tuple[Path, Path, Path]:
         check=True,
         capture_output=True,
     )
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    (directory / "san.ext").write_text("subjectAltName=" + ",".join(f"IP:{a}" for a in addresses) + "\n")
     subprocess.run(
         [
             "openssl",
@@ -289,10 +293,13 @@ def tls_for_loopback(directory: Path) -> tuple[Path, Path, Path]:
 
 
 @contextlib.contextmanager
-def serve(store: Path, certificate: Path, key: Path, netns: str | None = None) -> Iterator[str]:
-    """The images over TLS, read-only, on a loopback port (of `netns` when given): yields "127.0.0.1:PORT"."""
-    with _registry(store, (certificate, key), readonly=True, netns=netns) as port:
-        yield f"127.0.0.1:{port}"
+def serve(
+    store: Path, certificate: Path, key: Path, netns: str | None = None, address: str = "127.0.0.1"
+) -> Iterator[str]:
+    """The images over TLS, read-only, on a port of `address` (loopback, or an address of `netns`):
+    yields "ADDRESS:PORT"."""
+    with _registry(store, (certificate, key), readonly=True, netns=netns, address=address) as port:
+        yield f"{address}:{port}"
 
 
 def catalog(address: str, ca: Path) -> list[str]:

@@ -1,11 +1,11 @@
-"""TEST ONLY: a Kubernetes node of the lab on the real programs, in a box host with systemd as PID 1.
+"""TEST ONLY: nodes of the lab on the real programs, each a box host with systemd as PID 1.
 
-One control plane (labs-k8s-m01) booted from the sealed template (tests/systemd_host.py), in a network
-namespace of its own with the node's address, wired to a balancer's (lb01's address and the VIP, HAProxy
-with the project's haproxy.cfg), and the site's services on the node's loopback:
-the apt mirror (Debian's packages recorded, tests/apt_mirror.py, and the box's signed repositories of
-the real .debs, tests/box_repo.py) and the registry mirror over TLS (tests/kube_images.py). The
-project's own steps run on it as the fleet runs them (`step_bundle` on `bash -s`'s stdin), as root.
+Nodes of the example lab booted from the sealed template (tests/systemd_host.py), each in a network
+namespace of its own on one bridge with the gateway's address; lb01 there too (its address and the VIP,
+HAProxy with the project's haproxy.cfg); the site's services at the gateway: the apt mirror (Debian's
+packages recorded, tests/apt_mirror.py, and the box's signed repositories of the real .debs,
+tests/box_repo.py) and the registry mirror over TLS (tests/kube_images.py). The project's own steps
+run on them as the fleet runs them (`step_bundle` on `bash -s`'s stdin), as root.
 
 The box's deviations from a VM, each for a property of this machine (docs/testing.md):
 - cgroup v1 here: the kubelet runs with `--fail-cgroupv1=false` (a drop-in of the box's);
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.config import LabConfig, Node
+from components.config import LabConfig, Node, Role
 from components.rendering import k8s as k8s_rendering
 from components.rendering import lb as lb_rendering
 from components.rendering import step_bundle
@@ -44,7 +44,8 @@ from tests.labs import make_lab_config_with
 from tests.systemd_host import SystemdHost
 
 REPO = Path(__file__).resolve().parents[1]
-APT_MIRROR = "127.0.0.1:3142"
+APT_PORT = 3142
+CONTAINERD_ROOT = "/var/lib/containerd"
 # What the steps install from Debian's archive (prepare-node.sh install_base_packages and
 # configure_time), and what the real packages depend on besides.
 NODE_PACKAGES = (
@@ -72,26 +73,26 @@ class Site:
     key: Path
 
 
-def site(directory: Path) -> Site:
+def site(directory: Path, address: str) -> Site:
     rootfs = sealed_rootfs(make_lab_config_with())
     snapshot = record(rootfs, NODE_PACKAGES, CACHE_ROOT / "box-mirror")
     repo = build_box_repo(CACHE_ROOT / "box-repo-real", real=True)
-    ca, cert, key = kube_images.tls_for_loopback(directory)
+    ca, cert, key = kube_images.throwaway_tls(directory, (address,))
     return Site(repo, snapshot, kube_images.build_store(), ca, cert, key)
 
 
-def lab_config(site: Site, registry: str, minor: str = "1.36") -> LabConfig:
+def lab_config(site: Site, apt_mirror: str, registry: str, minor: str = "1.36") -> LabConfig:
     """The example lab on the box's mirrors, at the patch release of `minor` the repository serves."""
 
     def change(raw: dict[str, Any]) -> None:
         mirrors = raw.setdefault("mirrors", {})
-        mirrors["aptProxy"] = f"http://{APT_MIRROR}"
+        mirrors["aptProxy"] = f"http://{apt_mirror}"
         mirrors["registryMirror"] = f"https://{registry}"
         mirrors["kubernetesRepository"] = {
-            "url": BoxRepo.kubernetes_url(APT_MIRROR), "keyFingerprint": site.repo.kubernetes_fingerprint,
+            "url": BoxRepo.kubernetes_url(apt_mirror), "keyFingerprint": site.repo.kubernetes_fingerprint,
         }  # fmt: skip
         mirrors["containerdRepository"] = {
-            "url": BoxRepo.containerd_url(APT_MIRROR), "keyFingerprint": site.repo.containerd_fingerprint,
+            "url": BoxRepo.containerd_url(apt_mirror), "keyFingerprint": site.repo.containerd_fingerprint,
         }  # fmt: skip
         raw.setdefault("kubernetes", {})["version"] = upstream(site.repo.kubernetes_versions[minor])
         (containerd,) = site.repo.containerd_versions
@@ -108,11 +109,18 @@ class RealNode:
     netns: str
 
     def step(
-        self, name: str, files: dict[str, str], entrypoint: str, timeout: float = 900
+        self, name: str, files: dict[str, str], entrypoint: str, args: tuple[str, ...] = (), timeout: float = 900
     ) -> subprocess.CompletedProcess[str]:
         """One of the fleet's steps, as its Command runs it: the bundle on `bash -s`'s stdin, as root."""
-        bundle = step_bundle(f"{self.node.name}-{name}", files, entrypoint)
+        bundle = step_bundle(f"{self.node.name}-{name}", files, entrypoint, args)
         return self.host.run("bash", "-s", input=bundle, timeout=timeout)
+
+
+@dataclass
+class RealLab:
+    cfg: LabConfig
+    nodes: dict[str, RealNode]  # by node name
+    wire: str  # the network namespace of the lab's bridge, the gateway's address and the site's services
 
 
 def _ip(netns: str, *args: str) -> None:
@@ -136,70 +144,88 @@ def _host_files(upper: Path, cfg: LabConfig, node: Node, ca: Path) -> None:
     shutil.copy2(ca, trusted)
 
 
+def _plug(wire: str, netns: str, index: int, addresses: list[str]) -> None:
+    """A NIC in `netns` on the lab's bridge, holding `addresses`."""
+    _ip(wire, "link", "add", f"port{index}", "type", "veth", "peer", "name", "eth0", "netns", netns)
+    _ip(wire, "link", "set", f"port{index}", "master", "br0", "up")
+    _ip(netns, "link", "set", "lo", "up")
+    for address in addresses:
+        _ip(netns, "addr", "add", address, "dev", "eth0")
+    _ip(netns, "link", "set", "eth0", "up")
+
+
 @contextlib.contextmanager
-def control_plane(directory: Path, minor: str = "1.36") -> Iterator[RealNode]:
-    """labs-k8s-m01 booted, its network and the site's mirrors up; nothing of the steps run yet."""
+def lab(directory: Path, names: tuple[str, ...] = ("labs-k8s-m01",), minor: str = "1.36") -> Iterator[RealLab]:
+    """The named nodes of the example lab booted on one bridge with the gateway's address, lb01 (its
+    address and the VIP, HAProxy with the project's own haproxy.cfg; Keepalived and lb02:
+    tests/test_lb_netns.py), and the site's apt mirror and registry mirror at the gateway; nothing of
+    the steps run yet."""
     directory.mkdir(parents=True, exist_ok=True)
-    served = site(directory)
-    netns, balancer_ns = f"lk8s-node-{os.getpid()}", f"lk8s-nodelb-{os.getpid()}"
-    for name in (netns, balancer_ns):
+    example = make_lab_config_with()
+    gateway, prefix = str(example.network.gateway), example.network.cidr.prefixlen
+    served = site(directory, gateway)
+    tag = os.getpid()
+    wire, balancer_ns = f"lk8s-wire-{tag}", f"lk8s-nodelb-{tag}"
+    namespaces = [wire, balancer_ns, *(f"lk8s-node-{tag}-{i}" for i in range(len(names)))]
+    for name in namespaces:
         subprocess.run(["ip", "netns", "add", name], check=True)
-    host: SystemdHost | None = None
-    mirror: subprocess.Popen[str] | None = None
-    haproxy: subprocess.Popen[bytes] | None = None
+    hosts: list[SystemdHost] = []
+    processes: list[subprocess.Popen[Any]] = []
     try:
-        _ip(netns, "link", "set", "lo", "up")
-        with kube_images.serve(served.registry_store, served.cert, served.key, netns) as registry:
-            cfg = lab_config(served, registry, minor)
-            node = next(n for n in cfg.control_planes)
-            prefix = cfg.network.cidr.prefixlen
-            # The node's NIC, wired to a balancer's: lb01's address and the VIP, HAProxy on it with
-            # the project's own haproxy.cfg (Keepalived and the second balancer: tests/test_lb_netns.py).
+        _ip(wire, "link", "set", "lo", "up")
+        _ip(wire, "link", "add", "br0", "type", "bridge")
+        _ip(wire, "addr", "add", f"{gateway}/{prefix}", "dev", "br0")
+        _ip(wire, "link", "set", "br0", "up")
+        mirror = subprocess.Popen(
+            ["ip", "netns", "exec", wire, sys.executable, "-m", "tests.apt_mirror", "serve", str(served.snapshot),
+             f"{gateway}:{APT_PORT}", "--log", str(directory / "apt-mirror.log"), "--repo", str(served.repo.root)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        processes.append(mirror)
+        assert mirror.stdout is not None and mirror.stdout.readline().startswith("MIRROR"), "no apt mirror"
+        with kube_images.serve(served.registry_store, served.cert, served.key, wire, gateway) as registry:
+            cfg = lab_config(served, f"{gateway}:{APT_PORT}", registry, minor)
             balancer = cfg.balancers[0]
-            _ip(balancer_ns, "link", "set", "lo", "up")
-            _ip(netns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", balancer_ns)
-            _ip(netns, "addr", "add", f"{node.ip}/{prefix}", "dev", "eth0")
-            _ip(netns, "link", "set", "eth0", "up")
-            _ip(netns, "route", "add", "default", "via", str(cfg.network.gateway), "dev", "eth0", "onlink")
-            _ip(balancer_ns, "addr", "add", f"{balancer.ip}/{prefix}", "dev", "eth0")
-            _ip(balancer_ns, "addr", "add", f"{cfg.load_balancer.vip}/32", "dev", "eth0")
-            _ip(balancer_ns, "link", "set", "eth0", "up")
+            _plug(wire, balancer_ns, 0, [f"{balancer.ip}/{prefix}", f"{cfg.load_balancer.vip}/32"])
             haproxy_dir = directory / "haproxy"
             haproxy_dir.mkdir(mode=0o755, exist_ok=True)
             paths = lb_rendering.BalancerPaths(stats_socket=str(haproxy_dir / "admin.sock"))
             (haproxy_dir / "haproxy.cfg").write_text(lb_rendering.render_haproxy_cfg(cfg, paths=paths))
-            haproxy = subprocess.Popen(
-                ["ip", "netns", "exec", balancer_ns, "haproxy", "-db", "-f", str(haproxy_dir / "haproxy.cfg")],
-                stdout=(haproxy_dir / "haproxy.log").open("w"), stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            mirror = subprocess.Popen(
-                ["ip", "netns", "exec", netns, sys.executable, "-m", "tests.apt_mirror", "serve",
-                 str(served.snapshot), APT_MIRROR, "--log", str(directory / "apt-mirror.log"),
-                 "--repo", str(served.repo.root)],
-                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )  # fmt: skip
-            assert mirror.stdout is not None and mirror.stdout.readline().startswith("MIRROR"), "no apt mirror"
+            haproxy = ["ip", "netns", "exec", balancer_ns, "haproxy", "-db", "-f", str(haproxy_dir / "haproxy.cfg")]
+            log = (haproxy_dir / "haproxy.log").open("w")
+            processes.append(subprocess.Popen(haproxy, stdout=log, stderr=subprocess.STDOUT))
             rootfs = sealed_rootfs(cfg)
-            disk = directory / "data-disk.img"
-            subprocess.run(["truncate", "-s", f"{node.data_disk_gib}G", str(disk)], check=True)
-            subprocess.run(["mkfs.ext4", "-q", "-L", k8s_rendering.DATA_DISK_LABELS[node.role], str(disk)], check=True)
-            host = SystemdHost(
-                node.name, rootfs, directory / "host", memory_mib=3072, netns=netns,
-                data_disk=(disk, k8s_rendering.DATA_DISK_MOUNTS[node.role]),
-                modules=modules_index(directory, rootfs), scratch=("/var/lib/containerd",),
-            )  # fmt: skip
-            _host_files(host.directory / "upper", cfg, node, served.ca)
-            host.start()
-            host.wait_booted()
-            updated = host.run("update-ca-certificates")
-            assert updated.returncode == 0, updated.stdout + updated.stderr
-            yield RealNode(cfg, node, host, netns)
+            modules = modules_index(directory, rootfs)
+            nodes: dict[str, RealNode] = {}
+            for index, name in enumerate(names, start=1):
+                node = next(n for n in cfg.kubernetes_nodes if n.name == name)
+                netns = namespaces[index + 1]
+                _plug(wire, netns, index, [f"{node.ip}/{prefix}"])
+                _ip(netns, "route", "add", "default", "via", gateway)
+                disk = directory / f"{name}-data.img"
+                subprocess.run(["truncate", "-s", f"{node.data_disk_gib}G", str(disk)], check=True)
+                label = k8s_rendering.DATA_DISK_LABELS[node.role]
+                subprocess.run(["mkfs.ext4", "-q", "-L", label, str(disk)], check=True)
+                mount = k8s_rendering.DATA_DISK_MOUNTS[node.role]
+                host = SystemdHost(
+                    name, rootfs, directory / name, memory_mib=3072 if node.role is Role.CONTROL_PLANE else 2048,
+                    netns=netns, data_disk=(disk, mount), modules=modules,
+                    scratch=() if mount == CONTAINERD_ROOT else (CONTAINERD_ROOT,),
+                )  # fmt: skip
+                _host_files(host.directory / "upper", cfg, node, served.ca)
+                host.start()
+                hosts.append(host)
+                nodes[name] = RealNode(cfg, node, host, netns)
+            for real in nodes.values():
+                real.host.wait_booted()
+                updated = real.host.run("update-ca-certificates")
+                assert updated.returncode == 0, updated.stdout + updated.stderr
+            yield RealLab(cfg, nodes, wire)
     finally:
-        if host is not None:
+        for host in hosts:
             host.stop()
-        for process in (mirror, haproxy):
-            if process is not None:
-                process.kill()
-                process.wait()
-        for name in (netns, balancer_ns):
+        for process in processes:
+            process.kill()
+            process.wait()
+        for name in namespaces:
             subprocess.run(["ip", "netns", "del", name], check=False)

@@ -28,7 +28,7 @@ def _store() -> Path:
 
 def test_the_registry_serves_every_image_kubeadm_and_flannel_name(tmp_path: Path) -> None:
     store = _store()
-    ca, cert, key = kube_images.tls_for_loopback(tmp_path)
+    ca, cert, key = kube_images.throwaway_tls(tmp_path)
     with kube_images.serve(store, cert, key) as address:
         repositories = set(kube_images.catalog(address, ca))
     wanted = {image.repository for image in kube_images.images()}
@@ -106,7 +106,7 @@ def _crictl_through_mirror(tmp_path: Path, pin_ca: bool) -> Iterator[list[str]]:
     require_root()
     require_tool("unshare", "openssl")
     store = _store()
-    ca, cert, key = kube_images.tls_for_loopback(tmp_path)
+    ca, cert, key = kube_images.throwaway_tls(tmp_path)
     crictl = kube_programs.build_one("cri-tools") / "crictl"
     with _netns() as netns, kube_images.serve(store, cert, key, netns) as address:
         hosts = tmp_path / "certs.d" / "_default" / "hosts.toml"
@@ -147,7 +147,7 @@ def test_kube_proxy_and_flannel_images_carry_the_iptables_and_cp_they_run(tmp_pa
     Debian's, in the image, run in a chroot of the exported image."""
     require_root()
     store = _store()
-    ca, cert, key = kube_images.tls_for_loopback(tmp_path)
+    ca, cert, key = kube_images.throwaway_tls(tmp_path)
     crane = kube_programs.build_one("crane") / "crane"
     version = kube_programs.entry("kubernetes-1.37")["version"]
     with kube_images.serve(store, cert, key) as address:

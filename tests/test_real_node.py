@@ -1,20 +1,24 @@
-"""The project's own steps on a node of real programs (tests/real_node.py): prepare-node.sh installs the
-real containerd, kubelet and kubeadm from the box's signed repositories; kubeadm-init.sh runs the real
-kubeadm init through the VIP (HAProxy with the project's haproxy.cfg); apply-flannel.sh rolls out
-Flannel from the registry mirror. The node becomes Ready, every pod runs, CoreDNS answers through
-kube-proxy's Service, and the steps run again change nothing."""
+"""The project's own steps on nodes of real programs (tests/real_node.py), two control planes and a
+worker: prepare-node.sh installs the real containerd, kubelet and kubeadm from the box's signed
+repositories; kubeadm-init.sh runs the real kubeadm init through the VIP (HAProxy with the project's
+haproxy.cfg); refresh-join-material.sh and the join scripts join m02 and w01 with the CA hash the
+refresh printed; apply-flannel.sh rolls out Flannel from the registry mirror. The Nodes become Ready,
+m02 is a voting etcd member, every pod runs, CoreDNS answers through kube-proxy's Service, a pod on the
+worker is reached over Flannel's VXLAN, and the steps run again change nothing."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from subprocess import CompletedProcess
 from typing import Any
 
 import pytest
 
+from components.config import Role
 from components.rendering import k8s as k8s_rendering
 from tests import kube_programs, real_node
 from tests.machine_settings import changed, machine_sysctls
@@ -23,9 +27,23 @@ from tests.requirements import require_root, require_tool, unavailable
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 TOKEN = "labsk8.0123456789abcdef"
+# etcdctl inside the etcd pod, with the certificates kubeadm gave that member.
+ETCDCTL = (
+    "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/kubernetes/pki/etcd/ca.crt",
+    "--cert=/etc/kubernetes/pki/etcd/server.crt", "--key=/etc/kubernetes/pki/etcd/server.key",
+)  # fmt: skip
 # What the kubelet sets at start (k8s.io/kubernetes pkg/kubelet/cm/container_manager_linux.go).
 KUBELET_SET = {"vm.overcommit_memory": "1", "vm.panic_on_oom": "0", "kernel.panic": "10", "kernel.panic_on_oops": "1"}
 CERTIFICATE_KEY = "0f" * 32
+# A TCP connect to port 80 of a pause container: nothing listens, so its kernel answers with a reset.
+CONNECT = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], 80), timeout=10)
+    print("accepted")
+except ConnectionRefusedError:
+    print("refused")
+"""
 # A DNS query for an A record, answered by CoreDNS through the kube-dns Service (kube-proxy's rules).
 DNS_QUERY = """
 import socket, struct, sys
@@ -40,33 +58,36 @@ print(struct.unpack(">H", reply[6:8])[0], ".".join(str(b) for b in reply[-4:]))
 """
 
 
+CONTROL_PLANE, JOINING_CONTROL_PLANE, WORKER = "labs-k8s-m01", "labs-k8s-m02", "labs-k8s-w01"
+NODES = (CONTROL_PLANE, JOINING_CONTROL_PLANE, WORKER)
+
+
 @dataclass
 class Run:
-    node: real_node.RealNode
+    lab: real_node.RealLab
     steps: dict[str, CompletedProcess[str]] = field(default_factory=dict)
     again: dict[str, CompletedProcess[str]] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
 
-
-def steps(node: real_node.RealNode) -> dict[str, tuple[dict[str, str], str]]:
-    cfg = node.cfg
-    return {
-        "prepare": (k8s_rendering.prepare_files(cfg, node.node), k8s_rendering.PREPARE_ENTRYPOINT),
-        "init": (k8s_rendering.init_files(cfg, TOKEN, CERTIFICATE_KEY), k8s_rendering.INIT_ENTRYPOINT),
-        "flannel": (k8s_rendering.flannel_files(cfg), k8s_rendering.FLANNEL_ENTRYPOINT),
-    }
+    @property
+    def control_plane(self) -> real_node.RealNode:
+        return self.lab.nodes[CONTROL_PLANE]
 
 
 def kubectl(node: real_node.RealNode, *args: str) -> CompletedProcess[str]:
     return node.host.run("kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", *args)
 
 
-def main_pids(node: real_node.RealNode) -> dict[str, str]:
-    show = node.host.run("systemctl", "show", "-p", "MainPID", "--value", "kubelet", "containerd")
-    return dict(zip(("kubelet", "containerd"), show.stdout.split(), strict=True))
+def main_pids(lab: real_node.RealLab) -> dict[str, str]:
+    pids = {}
+    for name, node in lab.nodes.items():
+        shown = node.host.run("systemctl", "show", "-p", "MainPID", "--value", "kubelet", "containerd")
+        kubelet, containerd = shown.stdout.split()
+        pids |= {f"{name} kubelet": kubelet, f"{name} containerd": containerd}
+    return pids
 
 
-def wait_all_running(node: real_node.RealNode, timeout: float = 300) -> dict[str, Any]:
+def wait_all_running(node: real_node.RealNode, timeout: float = 300) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while True:
         listed = kubectl(node, "get", "pods", "-A", "-o", "json")
@@ -75,9 +96,53 @@ def wait_all_running(node: real_node.RealNode, timeout: float = 300) -> dict[str
             p["metadata"]["name"]: all(c.get("ready") for c in p["status"].get("containerStatuses", [{}])) for p in pods
         }
         if pods and all(ready.values()):
-            return {"pods": pods}
+            return pods
         assert time.monotonic() < deadline, f"pods not ready after {timeout:g}s: {ready}\n{listed.stderr}"
         time.sleep(3)
+
+
+def converge(run: Run, into: dict[str, CompletedProcess[str]], refresh: bool) -> bool:
+    """The cluster's steps in the program's order (components/cluster.py): prepare each node (at once,
+    as the engine runs them), init, then for each joining node its join-material refresh on the first
+    control plane (its stdout: the CA hash the join pins) and its join, the control plane first, then
+    Flannel. False at the first step that fails."""
+    cfg, first = run.lab.cfg, run.lab.nodes[CONTROL_PLANE]
+    prepare = k8s_rendering.PREPARE_ENTRYPOINT
+    with ThreadPoolExecutor() as pool:
+        prepared = {
+            name: pool.submit(node.step, "prepare", k8s_rendering.prepare_files(cfg, node.node), prepare)
+            for name, node in run.lab.nodes.items()
+        }
+    into |= {f"{name} prepare": future.result() for name, future in prepared.items()}
+    if any(done.returncode for done in into.values()):
+        return False
+    into["init"] = first.step(
+        "init", k8s_rendering.init_files(cfg, TOKEN, CERTIFICATE_KEY), k8s_rendering.INIT_ENTRYPOINT
+    )
+    if into["init"].returncode:
+        return False
+    for name in (JOINING_CONTROL_PLANE, WORKER):
+        joining = run.lab.nodes[name]
+        control_plane = joining.node.role is Role.CONTROL_PLANE
+        if refresh:
+            key = CERTIFICATE_KEY if control_plane else None
+            files = k8s_rendering.refresh_files(cfg, TOKEN, key, joining.node)
+            into[f"{name} refresh"] = done = first.step(f"{name}-refresh", files, k8s_rendering.REFRESH_ENTRYPOINT)
+            if done.returncode:
+                return False
+            run.facts[f"{name} ca_cert_hash"] = done.stdout.strip().splitlines()[-1]
+        if control_plane:
+            files = k8s_rendering.control_plane_join_files(cfg, joining.node, TOKEN, CERTIFICATE_KEY)
+            entrypoint = k8s_rendering.CONTROL_PLANE_JOIN_ENTRYPOINT
+        else:
+            files = k8s_rendering.worker_join_files(cfg, joining.node, TOKEN)
+            entrypoint = k8s_rendering.WORKER_JOIN_ENTRYPOINT
+        args = k8s_rendering.join_args(run.facts[f"{name} ca_cert_hash"])
+        into[f"{name} join"] = done = joining.step("join", files, entrypoint, args)
+        if done.returncode:
+            return False
+    into["flannel"] = first.step("flannel", k8s_rendering.flannel_files(cfg), k8s_rendering.FLANNEL_ENTRYPOINT)
+    return into["flannel"].returncode == 0
 
 
 @pytest.fixture(scope="module")
@@ -86,26 +151,27 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     require_tool("ip", "unshare", "nsenter", "haproxy", "mkfs.ext4", "openssl", "debootstrap")
     before = machine_sysctls()
     try:
-        context = real_node.control_plane(tmp_path_factory.mktemp("real-node"))
-        node = context.__enter__()
+        context = real_node.lab(tmp_path_factory.mktemp("real-node"), NODES)
+        lab = context.__enter__()
     except kube_programs.BuildError as error:
         unavailable(f"the node's real programs could not be built: {error}")
         raise AssertionError("unreachable") from error
     try:
-        result = Run(node)
-        for name, (files, entrypoint) in steps(node).items():
-            result.steps[name] = done = node.step(name, files, entrypoint)
-            if done.returncode != 0:
-                break
-        else:
-            result.facts |= wait_all_running(node)
+        result = Run(lab)
+        if converge(result, result.steps, refresh=True):
+            node = result.control_plane
+            result.facts["pods"] = wait_all_running(node)
             result.facts["dns"] = node.host.run(
                 "python3", "-c", DNS_QUERY, "kubernetes.default.svc.cluster.local", "10.96.0.10"
             )
-            result.facts["pids_before"] = main_pids(node)
-            for name, (files, entrypoint) in steps(node).items():
-                result.again[name] = node.step(name, files, entrypoint)
-            result.facts["pids_after"] = main_pids(node)
+            result.facts["vxlan"] = pod_across_hosts(result)
+            result.facts["etcd_members"] = kubectl(
+                node, "-n", "kube-system", "exec", f"etcd-{CONTROL_PLANE}", "--", "etcdctl", *ETCDCTL, "member", "list",
+                "-w", "json",
+            )  # fmt: skip
+            result.facts["pids_before"] = main_pids(lab)
+            converge(result, result.again, refresh=False)
+            result.facts["pids_after"] = main_pids(lab)
             result.facts["restarts"] = {
                 p["metadata"]["name"]: sum(c["restartCount"] for c in p["status"]["containerStatuses"])
                 for p in json.loads(kubectl(node, "get", "pods", "-A", "-o", "json").stdout)["items"]
@@ -117,25 +183,47 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         context.__exit__(None, None, None)
 
 
+def pod_across_hosts(run: Run) -> dict[str, str]:
+    """A pod on the worker (the pause image: its kernel answers a TCP connect with a reset), reached
+    from the control plane: the route to its address is Flannel's VXLAN device."""
+    node = run.control_plane
+    pause = f"registry.k8s.io/pause:{kube_programs.entry('kubernetes-1.36')['pins']['pause']}"
+    overrides = json.dumps({"spec": {"nodeName": WORKER}})
+    created = kubectl(node, "run", "probe", f"--image={pause}", "--restart=Never", f"--overrides={overrides}")
+    assert created.returncode == 0, created.stderr
+    waited = kubectl(node, "wait", "--for=condition=Ready", "pod/probe", "--timeout=120s")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    ip = kubectl(node, "get", "pod", "probe", "-o", "jsonpath={.status.podIP}").stdout.strip()
+    route = node.host.run("ip", "route", "get", ip).stdout
+    reached = node.host.run("python3", "-c", CONNECT, ip)
+    deleted = kubectl(node, "delete", "pod", "probe", "--wait=true")
+    assert deleted.returncode == 0, deleted.stderr
+    return {"ip": ip, "route": route, "reached": reached.stdout.strip() + reached.stderr}
+
+
 def output(done: CompletedProcess[str]) -> str:
     return "\n".join(line for line in (done.stdout + done.stderr).splitlines() if "Reading database" not in line)
 
 
-def test_the_steps_make_a_ready_control_plane_of_the_real_programs(run: Run) -> None:
+def test_the_steps_make_a_ready_cluster_of_the_real_programs(run: Run) -> None:
     for name, done in run.steps.items():
         assert done.returncode == 0, f"{name}:\n{output(done)[-6000:]}"
-    assert list(run.steps) == ["prepare", "init", "flannel"]
-    (node,) = json.loads(kubectl(run.node, "get", "nodes", "-o", "json").stdout)["items"]
-    info = node["status"]["nodeInfo"]
-    assert info["kubeletVersion"] == f"v{run.node.cfg.kubernetes.version}"
-    assert info["containerRuntimeVersion"] == f"containerd://{run.node.cfg.kubernetes.containerd_version}"
-    ready = [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"]
-    assert ready == ["True"], node["status"]["conditions"]
+    joins = [f"{name} {step}" for name in (JOINING_CONTROL_PLANE, WORKER) for step in ("refresh", "join")]
+    assert sorted(run.steps) == sorted([*(f"{name} prepare" for name in NODES), "init", *joins, "flannel"])
+    nodes = json.loads(kubectl(run.control_plane, "get", "nodes", "-o", "json").stdout)["items"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == sorted(NODES)
+    cfg = run.lab.cfg
+    for node in nodes:
+        info = node["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == f"v{cfg.kubernetes.version}"
+        assert info["containerRuntimeVersion"] == f"containerd://{cfg.kubernetes.containerd_version}"
+        ready = [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready == ["True"], node["status"]["conditions"]
 
 
 def test_every_pod_runs_from_the_registry_mirror(run: Run) -> None:
     assert "pods" in run.facts, f"the steps did not finish: {sorted(run.steps)}"
-    names = sorted(p["metadata"]["name"].rsplit("-", 1)[0] for p in run.facts["pods"])
+    names = sorted(p["metadata"]["name"] for p in run.facts["pods"])
     for expected in ("etcd-labs-k8s", "kube-apiserver-labs-k8s", "kube-proxy", "kube-flannel-ds", "coredns-"):
         assert any(name.startswith(expected) for name in names), names
     images = {c["image"] for p in run.facts["pods"] for c in p["spec"]["containers"]}
@@ -149,12 +237,13 @@ def test_coredns_answers_through_the_kube_dns_service(run: Run) -> None:
 
 
 def test_the_steps_run_again_change_nothing(run: Run) -> None:
-    """What a no-change `up` after a replaced bundle does on a node: every step converges at once;
+    """What a no-change `up` after a replaced bundle does on the nodes: every step converges at once;
     neither the kubelet nor containerd restarts, no container restarts."""
     assert run.again, f"the steps did not finish: {sorted(run.steps)}"
     for name, done in run.again.items():
         assert done.returncode == 0, f"{name}:\n{output(done)[-6000:]}"
-    assert "installing" not in output(run.again["prepare"]), output(run.again["prepare"])
+    for name in NODES:
+        assert "installing" not in output(run.again[f"{name} prepare"]), output(run.again[f"{name} prepare"])
     assert "kubeadm init for" not in output(run.again["init"]), output(run.again["init"])
     assert run.facts["pids_after"] == run.facts["pids_before"]
     assert not {name: n for name, n in run.facts["restarts"].items() if n}, run.facts["restarts"]
@@ -166,3 +255,19 @@ def test_the_kubelets_kernel_tunables_stay_in_the_node(run: Run) -> None:
     assert "tunables" in run.facts, f"the steps did not finish: {sorted(run.steps)}"
     assert run.facts["tunables"] == KUBELET_SET, run.facts["tunables"]
     assert run.facts["machine_settings_changed"] == {}
+
+
+def test_a_pod_on_the_worker_is_reached_from_the_control_plane_over_flannels_vxlan(run: Run) -> None:
+    vxlan = run.facts.get("vxlan")
+    assert vxlan is not None, f"the steps did not finish: {sorted(run.steps)}"
+    assert " dev flannel.1 " in vxlan["route"], vxlan
+    assert vxlan["reached"] == "refused", vxlan  # a reset from the pod's own kernel, not a timeout
+
+
+def test_the_joined_control_plane_is_a_second_voting_etcd_member(run: Run) -> None:
+    listed = run.facts.get("etcd_members")
+    assert listed is not None, f"the steps did not finish: {sorted(run.steps)}"
+    assert listed.returncode == 0, listed.stderr
+    members = json.loads(listed.stdout)["members"]
+    assert sorted(m["name"] for m in members) == [CONTROL_PLANE, JOINING_CONTROL_PLANE], members
+    assert not [m for m in members if m.get("isLearner")], members
