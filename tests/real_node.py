@@ -9,7 +9,9 @@ run on them as the fleet runs them (`step_bundle` on `bash -s`'s stdin), as root
 
 The box's deviations from a VM, each for a property of this machine (docs/testing.md):
 - cgroup v1 here: the kubelet runs with `--fail-cgroupv1=false` (a drop-in of the box's);
-- containerd's overlay snapshots need a filesystem that is not the host's overlay root: a tmpfs;
+- containerd's overlay snapshots need a filesystem that is not the host's overlay root: a tmpfs
+  (a worker's is its data disk, as on a VM); the kubelet's root is a tmpfs too, the VM's own disk
+  (on the overlay root the kubelet judged the machine's disk, and evicted for DiskPressure);
 - root lacks CAP_SYS_RESOURCE: a runc wrapper raises a negative `oomScoreAdj` to 0;
 - kubeadm's preflight refuses cgroup v1: a kubeadm wrapper skips that one check (SystemVerification);
 - nf_conntrack_max is writable in the machine's own network namespace alone: the same wrapper gives
@@ -46,6 +48,9 @@ from tests.systemd_host import SystemdHost
 REPO = Path(__file__).resolve().parents[1]
 APT_PORT = 3142
 CONTAINERD_ROOT = "/var/lib/containerd"
+# The kubelet's nodefs: the VM's own disk, not the machine's (whose free share the kubelet would
+# judge: below 10 % it evicts every pod for DiskPressure).
+KUBELET_ROOT = "/var/lib/kubelet"
 # What the steps install from Debian's archive (prepare-node.sh install_base_packages and
 # configure_time), and what the real packages depend on besides.
 NODE_PACKAGES = (
@@ -210,7 +215,7 @@ def lab(directory: Path, names: tuple[str, ...] = ("labs-k8s-m01",), minor: str 
                 host = SystemdHost(
                     name, rootfs, directory / name, memory_mib=3072 if node.role is Role.CONTROL_PLANE else 2048,
                     netns=netns, data_disk=(disk, mount), modules=modules,
-                    scratch=() if mount == CONTAINERD_ROOT else (CONTAINERD_ROOT,),
+                    scratch=(KUBELET_ROOT,) if mount == CONTAINERD_ROOT else (KUBELET_ROOT, CONTAINERD_ROOT),
                 )  # fmt: skip
                 _host_files(host.directory / "upper", cfg, node, served.ca)
                 host.start()

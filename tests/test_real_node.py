@@ -74,8 +74,8 @@ class Run:
         return self.lab.nodes[CONTROL_PLANE]
 
 
-def kubectl(node: real_node.RealNode, *args: str) -> CompletedProcess[str]:
-    return node.host.run("kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", *args)
+def kubectl(node: real_node.RealNode, *args: str, timeout: float = 60) -> CompletedProcess[str]:
+    return node.host.run("kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", *args, timeout=timeout)
 
 
 def main_pids(lab: real_node.RealLab) -> dict[str, str]:
@@ -193,8 +193,9 @@ def pod_across_hosts(run: Run) -> dict[str, str]:
     overrides = json.dumps({"spec": {"nodeName": WORKER}})
     created = kubectl(node, "run", "probe", f"--image={pause}", "--restart=Never", f"--overrides={overrides}")
     assert created.returncode == 0, created.stderr
-    waited = kubectl(node, "wait", "--for=condition=Ready", "pod/probe", "--timeout=120s")
-    assert waited.returncode == 0, waited.stdout + waited.stderr
+    waited = kubectl(node, "wait", "--for=condition=Ready", "pod/probe", "--timeout=180s", timeout=200)
+    described = kubectl(node, "describe", "pod", "probe").stdout
+    assert waited.returncode == 0, waited.stdout + waited.stderr + described
     ip = kubectl(node, "get", "pod", "probe", "-o", "jsonpath={.status.podIP}").stdout.strip()
     route = node.host.run("ip", "route", "get", ip).stdout
     reached = node.host.run("python3", "-c", CONNECT, ip)
