@@ -49,7 +49,17 @@ class SystemdHost:
     netns: str | None = None  # a named network namespace (ip netns) to boot in; None: a new, empty one
     data_disk: tuple[Path, str] | None = None  # the VM's second disk: (ext4 image, mount point)
     modules: Path | None = None  # shown as /lib/modules/<release> (tests/lab_box.py modules_index)
-    scratch: tuple[str, ...] = ()  # directories given a tmpfs of their own (systemd-host-boot.sh)
+    # Directories on the VM's own disk (an ext4 image of the host's, kept across power cycles), not on
+    # the overlay root: containerd's overlay snapshots cannot live on an overlay, and the kubelet
+    # judges its nodefs (DiskPressure) by the filesystem its root is on.
+    scratch: tuple[str, ...] = ()
+    disk_gib: int = 20
+    # A drop-in for systemd's manager (system.conf.d), put in the host's /run before systemd starts:
+    # how a lab-box clone gets its guestinfo (tests/firstboot.py systemd_dropin).
+    system_conf: str | None = None
+    binds: tuple[tuple[Path, str], ...] = ()  # (directory of the machine's, where the host sees it)
+    cgroup_parent: str = ""  # a cgroup (in every hierarchy) the host's own is made under
+    cgroup_name: str = ""  # the host's cgroup; default labs-k8s-host-<pid>-<name>
     proc: subprocess.Popen[bytes] | None = None
     cgroups: list[Path] = field(default_factory=list)
 
@@ -65,15 +75,16 @@ class SystemdHost:
         for key in KUBELET_SYSCTLS:  # what the VM's kernel would answer before anything writes
             value = Path("/proc/sys", key.replace(".", "/")).read_text()
             (self.directory / "sysctl" / key).write_text(value)
-        group = f"labs-k8s-host-{os.getpid()}-{self.name}"
+        group = self.cgroup_name or f"labs-k8s-host-{os.getpid()}-{self.name}"
         for hierarchy in hierarchies():
-            path = hierarchy / group
-            path.mkdir(exist_ok=True)
+            parents = [hierarchy / self.cgroup_parent] if self.cgroup_parent else []
+            for path in [*parents, hierarchy / self.cgroup_parent / group]:
+                path.mkdir(exist_ok=True)
+                if hierarchy.name == "cpuset":  # a new cpuset has no CPUs or memory nodes until given
+                    for knob in ("cpuset.cpus", "cpuset.mems"):
+                        (path / knob).write_text((hierarchy / knob).read_text())
             self.cgroups.append(path)
-            if hierarchy.name == "cpuset":  # a new cpuset has no CPUs or memory nodes until given
-                for knob in ("cpuset.cpus", "cpuset.mems"):
-                    (path / knob).write_text((hierarchy / knob).read_text())
-            elif hierarchy.name == "memory":  # bounded as a VM's memory is
+            if hierarchy.name == "memory":  # bounded as a VM's memory is
                 (path / "memory.limit_in_bytes").write_text(str(self.memory_mib * 1024 * 1024))
             elif hierarchy.name == "cpu":
                 (path / "cpu.cfs_period_us").write_text("100000")
@@ -86,11 +97,22 @@ class SystemdHost:
         unshare = ["unshare", "--cgroup", "--mount", "--uts", "--ipc", *([] if self.netns else ["--net"])]
         argv = [*net, *unshare, "--pid", "--fork", "bash", str(BOOT)]
         paths = [self.directory / sub for sub in ("root", "upper", "work", "sysctl")]
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BOX_SCRATCH": " ".join(self.scratch)}
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+        if self.scratch:
+            disk = self.directory / "disk.img"
+            if not disk.exists():  # sparse: the box has no room for the GiBs a VM's disk reserves
+                subprocess.run(["truncate", "-s", f"{self.disk_gib}G", str(disk)], check=True)
+                subprocess.run(["mkfs.ext4", "-q", str(disk)], check=True)
+            env |= {"BOX_DISK_IMAGE": str(disk), "BOX_SCRATCH": " ".join(self.scratch)}
         if self.data_disk is not None:
             env |= {"BOX_DATA_IMAGE": str(self.data_disk[0]), "BOX_DATA_MOUNT": self.data_disk[1]}
         if self.modules is not None:
             env["BOX_MODULES"] = str(self.modules)
+        if self.system_conf is not None:
+            (self.directory / "system.conf").write_text(self.system_conf)
+            env["BOX_SYSTEM_CONF"] = str(self.directory / "system.conf")
+        if self.binds:
+            env["BOX_BINDS"] = " ".join(f"{source}={target}" for source, target in self.binds)
         self.proc = subprocess.Popen(
             ["bash", "-c", script, "bash", *argv, str(paths[0]), str(self.rootfs), *map(str, paths[1:])],
             stdout=(self.directory / "boot.log").open("w"),
@@ -114,16 +136,22 @@ class SystemdHost:
             env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
         )  # fmt: skip
 
+    def boot_state(self) -> str | None:
+        """systemd's verdict once the boot has finished (running, degraded: see failed_units), or None."""
+        assert self.proc is not None and self.proc.poll() is None, (self.directory / "boot.log").read_text()
+        if self._has_init() and Path(f"/proc/{self.init_pid()}/comm").read_text().strip() == "systemd":
+            # "offline": systemd has not yet opened its private bus for systemctl.
+            state = self.run("systemctl", "is-system-running").stdout.strip()
+            if state not in ("initializing", "starting", "offline", ""):
+                return state
+        return None
+
     def wait_booted(self, timeout: float = 180) -> str:
-        """systemd's verdict once the boot has finished: running, or degraded (see failed_units)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.proc is not None and self.proc.poll() is None, (self.directory / "boot.log").read_text()
-            if self._has_init() and Path(f"/proc/{self.init_pid()}/comm").read_text().strip() == "systemd":
-                # "offline": systemd has not yet opened its private bus for systemctl.
-                state = self.run("systemctl", "is-system-running").stdout.strip()
-                if state not in ("initializing", "starting", "offline", ""):
-                    return state
+            state = self.boot_state()
+            if state is not None:
+                return state
             time.sleep(1)
         raise AssertionError(f"{self.name} did not finish booting: {(self.directory / 'boot.log').read_text()}")
 

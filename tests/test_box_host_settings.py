@@ -1,5 +1,6 @@
-"""A stand-in host of the lab in a box (tests/lab_box.py, tests/tools/box/host-boot.sh) cannot change
-the machine's kernel settings: its /proc/sys is read-only but for net/, its network namespace's own.
+"""A host of the lab in a box (tests/lab_box.py, tests/tools/box/systemd-host-boot.sh) cannot change
+the machine's kernel settings: its /proc/sys is read-only but for net/, its network namespace's own,
+and it sends no uevent for the machine's devices (its /sys is read-only, so udev stays off).
 
 Before, each host's init.sh ran `sysctl --system` with the machine's /proc/sys writable, and Debian's
 protect-links.conf set fs.protected_{fifos,hardlinks,regular,symlinks} on the machine running the
@@ -7,10 +8,10 @@ tests, at every box run (they are not namespaced)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,9 +26,9 @@ from tests.requirements import require_root, require_tool
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[tuple[NodeHost, dict[str, str]]]:
-    """A host booted past init.sh's `sysctl --system`, and the machine's settings before it booted."""
+@contextlib.contextmanager
+def booted_host(directory: Path, systemd: bool) -> Iterator[tuple[NodeHost, dict[str, str]]]:
+    """A booted host (its sysctl.d applied), and the machine's settings before it booted."""
     require_root()
     require_tool("ip", "unshare", "nsenter", "sysctl", "debootstrap")
     cfg = make_lab_config()
@@ -37,12 +38,9 @@ def host(tmp_path: Path) -> Iterator[tuple[NodeHost, dict[str, str]]]:
     hosts = None
     before = machine_sysctls()
     try:
-        hosts = LabBox(tmp_path / "hosts", netns, rootfs, f"{cfg.network.gateway}/24")
+        hosts = LabBox(directory / "hosts", netns, rootfs, f"{cfg.network.gateway}/24", systemd=systemd)
         host = hosts.start_outside_vcenter("labs-k8s-m01", "00:50:56:3c:00:51", {})
-        deadline = time.monotonic() + 120
-        while "cloud-init init --local" not in host.boot_log():  # init.sh's stage after sysctl
-            assert host.running() and time.monotonic() < deadline, host.boot_log()
-            time.sleep(0.5)
+        hosts.wait_booted([host.name], timeout=180)
         yield host, before
     finally:
         if hosts is not None:
@@ -50,12 +48,21 @@ def host(tmp_path: Path) -> Iterator[tuple[NodeHost, dict[str, str]]]:
         subprocess.run(["ip", "netns", "del", netns], check=False)
 
 
+@pytest.fixture(params=["stand-in init", "systemd"])
+def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[NodeHost, dict[str, str]]]:
+    with booted_host(tmp_path, request.param == "systemd") as booted:
+        yield booted
+
+
 def test_a_hosts_sysctl_writes_its_own_network_settings_and_none_of_the_machines(
     host: tuple[NodeHost, dict[str, str]],
 ) -> None:
     booted, before = host
-    log = booted.boot_log()
-    assert "labs-k8s-box: sysctl --quiet --system" in log, log  # the boot's systemd-sysctl ran
+    if booted.system is not None:  # systemd-sysctl ran, as on a VM
+        sysctl = booted.run("systemctl", "show", "-p", "ConditionResult,Result,ExecMainStatus", "systemd-sysctl")
+        assert sysctl.stdout.split() == ["Result=success", "ExecMainStatus=0", "ConditionResult=yes"], sysctl
+    else:
+        assert "labs-k8s-box: sysctl --quiet --system" in booted.boot_log(), booted.boot_log()
     # A write of the value the machine has: refused, and nothing would change if it were not.
     current = Path("/proc/sys/kernel/printk_ratelimit").read_text().strip()
     refused = booted.run("sysctl", "-w", f"kernel.printk_ratelimit={current}")
@@ -65,3 +72,17 @@ def test_a_hosts_sysctl_writes_its_own_network_settings_and_none_of_the_machines
     assert booted.run("sysctl", "-w", "net.ipv4.ip_nonlocal_bind=1").returncode == 0  # the balancer's setting
     assert booted.run("sysctl", "-n", "net.ipv4.ip_nonlocal_bind").stdout.strip() == "1"
     assert changed(before, machine_sysctls()) == {}
+
+
+def test_a_systemd_host_leaves_the_machines_devices_alone(tmp_path: Path) -> None:
+    """udevd and udev-trigger would write every device's uevent file under /sys: the machine's."""
+    with booted_host(tmp_path, systemd=True) as (booted, _):
+        assert_no_udev(booted)
+
+
+def assert_no_udev(booted: NodeHost) -> None:
+    for unit in ("systemd-udevd", "systemd-udev-trigger"):
+        shown = booted.run("systemctl", "show", "-p", "ConditionResult,ActiveState", unit).stdout.split()
+        assert shown == ["ActiveState=inactive", "ConditionResult=no"], (unit, shown)
+    refused = booted.run("sh", "-c", "echo change > /sys/class/net/lo/uevent")
+    assert refused.returncode != 0 and "Read-only file system" in refused.stderr, refused

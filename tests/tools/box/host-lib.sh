@@ -1,23 +1,26 @@
 #!/bin/bash
-# TEST ONLY: what both boots of a lab-in-a-box host set up the same way (host-boot.sh for the
-# stand-in init, systemd-host-boot.sh for systemd as PID 1). Sourced; ROOT is the host's new root.
+# TEST ONLY: the pieces of a lab-in-a-box host's boot (tests/tools/box/systemd-host-boot.sh), each a
+# function of what a VM has of its own. Sourced; ROOT is the host's new root.
 
 # /proc/sys read-only but for net/ (the host's network namespace's own) and each SHADOW_DIR file,
 # bind-mounted over its entry (a kernel tunable the host may write, kept in the host's file). The
 # rest is the machine's: fs.protected_*, kernel.*, vm.* are not namespaced, so a host's
-# systemd-sysctl (or init.sh's `sysctl --system`) would change the machine running the tests.
-# Each is a mount of its own on a read-only bind of /proc/sys: the remount changes that one alone.
+# systemd-sysctl would change the machine running the tests. Each top directory but net/ is a
+# read-only bind of its own, so /proc/sys itself stays writable and systemd-sysctl runs
+# (ConditionPathIsReadWrite=/proc/sys/), its writes outside net/ failing with EROFS, which it ignores.
 guard_proc_sys() {
-    local root=$1 shadows=${2:-} entry
-    mount --bind "$root/proc/sys" "$root/proc/sys"
-    mount --bind "$root/proc/sys/net" "$root/proc/sys/net"
+    local root=$1 shadows=${2:-} entry top
+    for top in "$root"/proc/sys/*; do
+        [[ $(basename "$top") != net ]] || continue
+        mount --bind "$top" "$top"
+        mount -o remount,bind,ro "$top"
+    done
     if [[ -n $shadows ]]; then
         for entry in "$shadows"/*; do
             [[ -e $entry ]] || continue
             mount --bind "$entry" "$root/proc/sys/$(basename "$entry" | tr . /)"
         done
     fi
-    mount -o remount,bind,ro "$root/proc/sys"
 }
 
 # A /dev of its own, as a container's: the machine's disks are never visible in a host. Extra
