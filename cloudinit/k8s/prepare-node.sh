@@ -479,7 +479,8 @@ configure_flannel_offload() {
 # labs-k8s: flannel-io/flannel#1279, VXLAN over VMXNET3 drops packets with TX checksum offload on
 ACTION=="add", SUBSYSTEM=="net", KERNEL=="flannel.1", RUN+="/usr/sbin/ethtool -K %k tx-checksum-ip-generic off"
 EOF
-    if ((WROTE)); then
+    # Without a running udevd (a container) there is nothing to reload: it reads the rule when it starts.
+    if ((WROTE)) && udevadm control --ping >/dev/null 2>&1; then
         udevadm control --reload
     fi
     if ip link show flannel.1 >/dev/null 2>&1; then
