@@ -59,7 +59,7 @@ def run_with() -> Callable[..., OfflineRun]:
 # were silently ignored and both workers ran the box.
 # tests/test_box_cli.py runs `make box` itself: in the box's worker, after test_lab_box, so that the
 # suite never has two boxes up at once on two cores.
-BOX_MODULES = ("tests/test_lab_box.py::", "tests/test_box_cli.py::")
+BOX_MODULES = ("tests/test_lab_box.py::", "tests/test_lab_box_real.py::", "tests/test_box_cli.py::")
 
 
 class BoxBesideTheSuite(LoadScopeScheduling):

@@ -34,6 +34,13 @@ its release, or, where the machine has none (everything built in), an index of t
 modules the lab asks modprobe for (`modules_index`). /proc/swaps shows no swap: the machine's swap
 is not the VM's to turn off.
 
+With `systemd=True` (the real programs: tests/test_lab_box_real.py) a host is a tests/systemd_host.py
+host instead: systemd as PID 1 boots the template's own units (systemd-sysctl, cloud-init's four
+stages, ifupdown, sshd, journald), the guestinfo reaching them through a systemd manager drop-in
+(tests/firstboot.py systemd_dropin) in the host's /run; each host's profile (`HostProfile`) adds the
+box's deviations for the real programs (tests/real_node.py `host_profile`). The stand-in init goes
+with the stand-ins (issue 49).
+
 The Kubernetes stand-ins the nodes install (tests/tools/box/standin/, packaged by
 tests/box_repo.py) share one cluster store, a directory of the box's bind-mounted into every host
 (`store`): see tests/tools/box/standin/box_cluster.py for what goes through it and what goes
@@ -55,8 +62,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.firstboot import guestinfo_environment
+from tests.firstboot import guestinfo_environment, systemd_dropin
 from tests.kube_standin import Cluster, empty_state
+from tests.systemd_host import SystemdHost, hierarchies
 
 REPO = Path(__file__).resolve().parents[1]
 BOX_TOOLS = REPO / "tests" / "tools" / "box"
@@ -70,6 +78,8 @@ BOOT_LOG = "var/log/labs-k8s-box-boot.log"
 # syslog (tests/tools/box/syslogd.py).
 SSHD_LOG = "var/log/labs-k8s-box-sshd.log"
 SYSLOG = "var/log/labs-k8s-box-syslog.log"
+# Where a systemd host sees the stand-ins' cluster store (tests/tools/box/standin/box_cluster.py).
+STORE_IN_HOST = "/var/lib/labs-k8s-box/cluster"
 BRIDGE = "lk8s-box0"
 GATEWAY_MAC = "02:00:0a:03:3c:01"  # locally administered
 
@@ -134,6 +144,17 @@ class DataDiskImage:
     gib: int
 
 
+@dataclass(frozen=True)
+class HostProfile:
+    """What the box gives a kind of VM beyond the template: its memory, the directories kept on an
+    ext4 disk of its own (tests/systemd_host.py `scratch`), and the box's deviation files written
+    into its layer before its first boot ({path in the host: (file of the machine's, mode)})."""
+
+    memory_mib: int = 2048
+    scratch: tuple[str, ...] = ()
+    files: Mapping[str, tuple[Path, int]] = field(default_factory=dict)
+
+
 def modules_index(root: Path, rootfs: Path) -> Path:
     """What the hosts see as /lib/modules/<release> of the running kernel: the machine's own tree
     when it has one; otherwise (a kernel with everything built in) an index, made with the
@@ -178,26 +199,49 @@ class NodeHost:
     netns: str
     veth: str
     data_disk: DataDiskImage | None = None
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | None = None  # the stand-in init's host
+    system: SystemdHost | None = None  # a systemd host (LabBox.systemd), while powered on
     boots: int = 0
 
     @property
     def upper(self) -> Path:
         return self.directory / "upper"
 
+    def journal(self, *args: str) -> str:
+        """A systemd host's journal on its disk (Debian 12's journald keeps it in /var/log/journal),
+        read with the machine's journalctl: also after the host is powered off."""
+        directory = self.upper / "var/log/journal"
+        if not directory.is_dir():
+            return ""
+        shown = subprocess.run(
+            ["journalctl", "--directory", str(directory), "--no-pager", "-o", "short-precise", *args],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        return shown.stdout
+
     def boot_log(self) -> str:
+        if self.system is not None:  # systemd's console, and the journal's tail
+            console = self.directory / "boot.log"
+            tail = self.journal("-b", "-n", "200") if self.running() else ""
+            return (console.read_text(errors="replace") if console.is_file() else "") + tail
         log = self.upper / BOOT_LOG
         return log.read_text(errors="replace") if log.is_file() else ""
 
     def booted(self) -> bool:
+        if self.system is not None:  # systemd finished this boot's jobs (cloud-init's final stage too)
+            return self.running() and self.system.boot_state() is not None
         return self.boot_log().count("labs-k8s-box: booted") >= self.boots
 
     def running(self) -> bool:
+        if self.system is not None:
+            return self.system.proc is not None and self.system.proc.poll() is None
         return self.proc is not None and self.proc.poll() is None
 
     def init_pid(self) -> int:
         """The host's PID 1 (init.sh), as this machine numbers it: the child `unshare` forked into the
         new PID namespace (`ip netns exec` execs unshare, so `proc` is unshare itself)."""
+        if self.system is not None:
+            return self.system.init_pid()
         assert self.proc is not None, f"{self.name} is not running"
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
         assert len(children) == 1, f"{self.name}: unshare has children {children}"
@@ -205,6 +249,8 @@ class NodeHost:
 
     def run(self, *argv: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess[str]:
         """`argv` inside the running host (its namespaces and root), as root: what a console login sees."""
+        if self.system is not None:
+            return self.system.run(*argv, timeout=timeout, input=input)
         return subprocess.run(
             ["nsenter", "-t", str(self.init_pid()), "-n", "-m", "-u", "-p", "-r", "-w", "--", *argv],
             capture_output=True, text=True, timeout=timeout, input=input, check=False,
@@ -252,6 +298,10 @@ class LabBox:
     rootfs: Path  # the sealed template rootfs, every host's lower layer
     gateway: str  # with its prefix, e.g. 10.3.60.1/24: the stack's network.gateway
     data_disks: Mapping[str, DataDiskImage] = field(default_factory=dict)  # VM name -> its second disk
+    # The hosts boot systemd (tests/systemd_host.py), as the real programs need; else the stand-in
+    # init (tests/tools/box/init.sh), which the stand-ins' scenario runs on until it goes (issue 49).
+    systemd: bool = False
+    profiles: Mapping[str, HostProfile] = field(default_factory=dict)  # VM name -> its profile (systemd)
     # Where the box's VMware Tools write each running VM's guest address for the engine box to put
     # into vcsim (`report_guest_addresses`); None: not reported.
     guest_addresses: Path | None = None
@@ -324,6 +374,14 @@ class LabBox:
             image = host.directory / "data-disk.img"
             subprocess.run(["truncate", "-s", f"{host.data_disk.gib}G", str(image)], check=True)
             subprocess.run(["mkfs.ext4", "-q", "-L", host.data_disk.label, str(image)], check=True)
+        self.hosts[host.vm] = host
+        if self.systemd:
+            for path, (source, mode) in self.profile(host.name).files.items():
+                target = host.upper / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+                target.chmod(mode)
+            return host
         # The box's own files, in the VM's layer (test only, module docstring): its init and the
         # systemctl stand-in, ahead of /usr/bin in every PATH (sudo's secure_path included).
         init = host.upper / INIT_IN_HOST
@@ -339,8 +397,23 @@ class LabBox:
         default_ssh.write_text(
             f'# labs-k8s box (test only): sshd logs to a file\nSSHD_OPTS="-E /{SSHD_LOG} -o LogLevel=VERBOSE"\n'
         )
-        self.hosts[host.vm] = host
         return host
+
+    def profile(self, name: str) -> HostProfile:
+        return self.profiles.get(name, HostProfile())
+
+    def _boot_systemd(self, host: NodeHost) -> None:
+        """Every host's cgroups under the box's (one session's CPU weight: `hosts_cpu_group`)."""
+        disk, profile = host.data_disk, self.profile(host.name)
+        host.system = SystemdHost(
+            host.name, self.rootfs, host.directory, netns=host.netns, modules=self.modules,
+            data_disk=(host.directory / "data-disk.img", disk.mount_point) if disk is not None else None,
+            system_conf=systemd_dropin(guestinfo_environment(host.guestinfo)),
+            binds=((self.store, STORE_IN_HOST),),
+            cgroup_parent=self.cpu_group.name if self.cpu_group is not None else "",
+            cgroup_name=host.directory.name, memory_mib=profile.memory_mib, scratch=profile.scratch,
+        )  # fmt: skip
+        host.system.start()
 
     def _boot(self, host: NodeHost) -> None:
         if host.running():
@@ -350,6 +423,10 @@ class LabBox:
         _ip(*engine, "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
         _ip("-n", host.netns, "link", "set", "eth0", "address", host.mac)
         _ip("-n", self.engine_netns, "link", "set", host.veth, "master", BRIDGE, "up")
+        if self.systemd:
+            host.boots += 1
+            self._boot_systemd(host)
+            return
         env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", **guestinfo_environment(host.guestinfo),
             "BOX_STORE": str(self.store), "BOX_MODULES": str(self.modules),
@@ -373,6 +450,11 @@ class LabBox:
 
     def _halt(self, host: NodeHost) -> None:
         """Power off: every process of the host killed at once (a VM powered off does not shut down)."""
+        if host.system is not None:
+            host.system.stop()
+            host.system = None
+            subprocess.run(["ip", "netns", "del", host.netns], capture_output=True, check=False)
+            return
         if host.proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -444,9 +526,12 @@ class LabBox:
         `logs/<VM name>-<uuid>/`."""
         target = self.logs / host.directory.name
         target.mkdir(parents=True, exist_ok=True)
-        for log in [*(host.upper / "var/log").glob("labs-k8s*"), host.upper / "var/log/cloud-init.log"]:
+        logs = [*(host.upper / "var/log").glob("labs-k8s*"), host.upper / "var/log/cloud-init.log"]
+        for log in [*logs, host.directory / "boot.log"]:
             if log.is_file():
                 shutil.copy2(log, target / log.name)
+        if self.systemd:
+            (target / "journal.log").write_text(host.journal())
 
     # A machine vCenter does not know about: the tests' impostor, or a VM cut off from the network.
     def halt_outside_vcenter(self, host: NodeHost) -> None:
@@ -506,3 +591,6 @@ class LabBox:
                 self.keep_logs(host)
             if self.cpu_group is not None:
                 remove_cpu_group(self.cpu_group)
+                if self.systemd:  # the hosts' parent SystemdHost made in the other hierarchies
+                    for hierarchy in hierarchies():
+                        remove_cpu_group(hierarchy / self.cpu_group.name)

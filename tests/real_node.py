@@ -9,8 +9,8 @@ run on them as the fleet runs them (`step_bundle` on `bash -s`'s stdin), as root
 
 The box's deviations from a VM, each for a property of this machine (docs/testing.md):
 - cgroup v1 here: the kubelet runs with `--fail-cgroupv1=false` (a drop-in of the box's);
-- containerd's overlay snapshots need a filesystem that is not the host's overlay root: a tmpfs
-  (a worker's is its data disk, as on a VM); the kubelet's root is a tmpfs too, the VM's own disk
+- containerd's overlay snapshots need a filesystem that is not the host's overlay root: an ext4 image
+  of the host's (a worker's is its data disk, as on a VM); the kubelet's root is there too, the VM's own disk
   (on the overlay root the kubelet judged the machine's disk, and evicted for DiskPressure);
 - root lacks CAP_SYS_RESOURCE: a runc wrapper raises a negative `oomScoreAdj` to 0;
 - kubeadm's preflight refuses cgroup v1: a kubeadm wrapper skips that one check (SystemVerification);
@@ -41,7 +41,7 @@ from tests.apt_mirror import record
 from tests.box_repo import BoxRepo, upstream
 from tests.box_repo import build as build_box_repo
 from tests.firstboot import sealed_rootfs
-from tests.lab_box import modules_index
+from tests.lab_box import HostProfile, modules_index
 from tests.labs import make_lab_config_with
 from tests.systemd_host import SystemdHost
 
@@ -64,6 +64,15 @@ DEVIATIONS = {
     "usr/local/sbin/runc": ("runc-wrapper.sh", 0o755),
     "usr/local/bin/kubeadm": ("kubeadm-wrapper.sh", 0o755),
 }
+
+
+def host_profile(role: Role) -> HostProfile:
+    """A Kubernetes node's host in the box: the deviations above, and its kubelet's and containerd's
+    roots on a disk of its own (a worker's containerd root is its data disk, as on a VM)."""
+    files = {path: (NODE_TOOLS / source, mode) for path, (source, mode) in DEVIATIONS.items()}
+    on_data_disk = k8s_rendering.DATA_DISK_MOUNTS[role] == CONTAINERD_ROOT
+    scratch = (KUBELET_ROOT,) if on_data_disk else (KUBELET_ROOT, CONTAINERD_ROOT)
+    return HostProfile(memory_mib=3072 if role is Role.CONTROL_PLANE else 2048, scratch=scratch, files=files)
 
 
 @dataclass
@@ -139,10 +148,10 @@ def _host_files(upper: Path, cfg: LabConfig, node: Node, ca: Path) -> None:
     (upper / "etc/hostname").write_text(f"{node.name}\n")
     servers = "".join(f"nameserver {server}\n" for server in cfg.network.dns_servers)
     (upper / "etc/resolv.conf").write_text(f"{servers}search {cfg.network.search_domain}\n")
-    for path, (source, mode) in DEVIATIONS.items():
+    for path, (source, mode) in host_profile(node.role).files.items():
         target = upper / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(NODE_TOOLS / source, target)
+        shutil.copyfile(source, target)
         target.chmod(mode)
     trusted = upper / "usr/local/share/ca-certificates/labs-k8s-box-registry.crt"
     trusted.parent.mkdir(parents=True, exist_ok=True)
@@ -211,11 +220,10 @@ def lab(directory: Path, names: tuple[str, ...] = ("labs-k8s-m01",), minor: str 
                 subprocess.run(["truncate", "-s", f"{node.data_disk_gib}G", str(disk)], check=True)
                 label = k8s_rendering.DATA_DISK_LABELS[node.role]
                 subprocess.run(["mkfs.ext4", "-q", "-L", label, str(disk)], check=True)
-                mount = k8s_rendering.DATA_DISK_MOUNTS[node.role]
+                mount, profile = k8s_rendering.DATA_DISK_MOUNTS[node.role], host_profile(node.role)
                 host = SystemdHost(
-                    name, rootfs, directory / name, memory_mib=3072 if node.role is Role.CONTROL_PLANE else 2048,
-                    netns=netns, data_disk=(disk, mount), modules=modules,
-                    scratch=(KUBELET_ROOT,) if mount == CONTAINERD_ROOT else (KUBELET_ROOT, CONTAINERD_ROOT),
+                    name, rootfs, directory / name, memory_mib=profile.memory_mib, netns=netns,
+                    data_disk=(disk, mount), modules=modules, scratch=profile.scratch,
                 )  # fmt: skip
                 _host_files(host.directory / "upper", cfg, node, served.ca)
                 host.start()

@@ -45,12 +45,13 @@ from components.rendering.node import DATA_DISKS
 from components.template import CACHE_ROOT
 from components.tools.offline import PROJECT
 from components.tools.targets import layer_targets
+from tests import kube_images, real_node
 from tests.apt_mirror import record
 from tests.box_kubectl import write_launcher
-from tests.box_repo import STANDIN_DEPENDS, BoxRepo
+from tests.box_repo import STANDIN_DEPENDS, BoxRepo, upstream
 from tests.box_repo import build as build_box_repo
 from tests.firstboot import sealed_rootfs
-from tests.lab_box import SSHD_LOG, SYSLOG, DataDiskImage, LabBox, NodeHost
+from tests.lab_box import SSHD_LOG, SYSLOG, DataDiskImage, HostProfile, LabBox, NodeHost
 from tests.labs import make_lab_config
 from tests.machine_settings import changed, machine_sysctls
 from tests.pulumi_engine import EngineLab, Result, readme_setup, start_lab, stop_lab
@@ -120,22 +121,40 @@ def data_disks(workers: list[tuple[str, str]] | None) -> dict[str, DataDiskImage
     return disks
 
 
+def real_profiles(workers: list[tuple[str, str]] | None) -> dict[str, HostProfile]:
+    """Each Kubernetes node's host profile on the real programs (tests/real_node.py `host_profile`)."""
+    profiles = {node.name: real_node.host_profile(node.role) for node in CFG.kubernetes_nodes}
+    for name, _ in [*(workers or []), EXTRA_WORKER]:
+        profiles[name] = real_node.host_profile(Role.WORKER)
+    return profiles
+
+
 @contextlib.contextmanager
 def open_box(
-    root: Path, workers: list[tuple[str, str]] | None = None, progress: Callable[[str], None] | None = None
+    root: Path,
+    workers: list[tuple[str, str]] | None = None,
+    progress: Callable[[str], None] | None = None,
+    real: str | None = None,
 ) -> Iterator[Box]:
     """The box, with a stack made the README's way and the apt proxy set; `workers` (name, ip)
     replaces the example's workers (bench/lab_box.py's 10-worker lab); `progress` is told each
-    phase as it starts (`make box` prints them)."""
+    phase as it starts (`make box` prints them); `real`: the Kubernetes minor whose real programs the
+    nodes install (the box's registry mirror at the gateway serving their images), else the stand-ins."""
     from tests.vcsim import vcsim_binary
 
     say = progress or (lambda _: None)
     say("the sealed template rootfs (debootstrap; cached in ~/.cache/labs-k8s after the first run)")
     rootfs = sealed_rootfs(CFG)
     say("the package mirror (recorded from Debian's archive once, then cached)")
-    snapshot = record(rootfs, (*BALANCER_PACKAGES, *NODE_PACKAGES), CACHE_ROOT / "box-mirror")
-    say("the signed stand-in Kubernetes repositories")
-    repo = build_box_repo(CACHE_ROOT / "box-repo")
+    node_packages = real_node.NODE_PACKAGES if real else NODE_PACKAGES
+    snapshot = record(rootfs, (*BALANCER_PACKAGES, *node_packages), CACHE_ROOT / "box-mirror")
+    if real:
+        say("the real Kubernetes programs, their packages and images (built from source once, then cached)")
+        repo = build_box_repo(CACHE_ROOT / "box-repo-real", real=True)
+        registry_store = kube_images.build_store()
+    else:
+        say("the signed stand-in Kubernetes repositories")
+        repo = build_box_repo(CACHE_ROOT / "box-repo")
     say("vcsim, the CLI's namespace and the stack")
     served = root / "iso"
     served.mkdir(parents=True)
@@ -145,6 +164,7 @@ def open_box(
     assert lab.password_file is not None
     hosts = LabBox(
         root / "hosts", lab.netns, rootfs, f"{CFG.network.gateway}/{PREFIX}", data_disks(workers),
+        systemd=bool(real), profiles=real_profiles(workers) if real else {},
         guest_addresses=lab.password_file.parent / "guest-addresses.json",
     )  # fmt: skip
     assert lab.box is not None and lab.box.stdout is not None
@@ -156,6 +176,7 @@ def open_box(
                    "--log", str(mirror_log), "--repo", str(repo.root), trusted=False),
         cwd=lab.workspace, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    services = contextlib.ExitStack()
     try:
         assert mirror.stdout is not None
         assert mirror.stdout.readline().startswith("MIRROR"), "the apt mirror did not start"
@@ -163,15 +184,27 @@ def open_box(
         stack = ["--stack", lab.stack]
         settings = {
             "mirrors.aptProxy": f"http://{MIRROR}",
-            # The stand-in packages' repositories, on the mirror, signed by the box's own keys.
+            # The Kubernetes packages' repositories, on the mirror, signed by the box's own keys.
             "mirrors.kubernetesRepository.url": BoxRepo.kubernetes_url(MIRROR),
             "mirrors.kubernetesRepository.keyFingerprint": repo.kubernetes_fingerprint,
             "mirrors.containerdRepository.url": BoxRepo.containerd_url(MIRROR),
             "mirrors.containerdRepository.keyFingerprint": repo.containerd_fingerprint,
             "kubernetes.version": BOX_KUBERNETES_VERSION,
         }
+        if real:
+            # The site's registry mirror over TLS at the gateway, its CA pinned by the stack.
+            gateway = str(CFG.network.gateway)
+            ca, cert, key = kube_images.throwaway_tls(root, (gateway,))
+            registry = services.enter_context(kube_images.serve(registry_store, cert, key, lab.netns, gateway))
+            (containerd,) = repo.containerd_versions
+            settings |= {
+                "mirrors.registryMirror": f"https://{registry}",
+                "mirrors.registryMirrorCa": ca.read_text(),
+                "kubernetes.version": upstream(repo.kubernetes_versions[real]),
+                "kubernetes.containerdVersion": upstream(containerd),
+            }
         for key, value in settings.items():
-            lab.pulumi("config", "set", *stack, "--path", f"labs-k8s:{key}", value)
+            lab.pulumi("config", "set", *stack, "--path", f"labs-k8s:{key}", "--", value)
         if workers is not None:
             stack_file = lab.workspace / f"Pulumi.{lab.stack}.yaml"
             stack_settings = yaml.safe_load(stack_file.read_text())
@@ -187,6 +220,7 @@ def open_box(
         hosts.close()
         if hosts.logs.is_dir():
             shutil.copytree(hosts.logs, lab.artifacts / "hosts", dirs_exist_ok=True)
+        services.close()
         mirror.kill()
         stop_lab(lab)
 
