@@ -96,6 +96,16 @@ class KubeadmCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["hex", "b64Std", "b64Url", "dec"]),
         )
         self.certificate_key: pulumi.Output[str] = pulumi.Output.secret(certificate_key.hex)
+        # The key kube-apiserver encrypts Secrets in etcd with (secretbox), once per stack, never
+        # replaced: only init and the control planes' joins get it, in their stdin (docs/cluster.md).
+        encryption_key = random.RandomId(
+            "secrets-encryption-key",
+            byte_length=k8s_rendering.ENCRYPTION_KEY_BYTES,
+            opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["hex", "b64Std", "b64Url", "dec"]),
+        )
+        self.encryption_key: pulumi.Output[str] = pulumi.Output.secret(
+            encryption_key.hex.apply(k8s_rendering.encryption_key_from_hex)
+        )
 
         first = lab.control_planes[0]
         self.first_control_plane = first
@@ -118,9 +128,9 @@ class KubeadmCluster(pulumi.ComponentResource):
             f"{first.name}-kubeadm-init",
             first,
             steps.Script(
-                lambda token, key: k8s_rendering.init_files(lab, token, key),
+                lambda token, key, encryption: k8s_rendering.init_files(lab, token, key, encryption),
                 k8s_rendering.INIT_ENTRYPOINT,
-                secrets=[self.token, self.certificate_key],
+                secrets=[self.token, self.certificate_key, self.encryption_key],
             ),
             after=[self.prepared[first.name]],
             # The VIP must answer before init (controlPlaneEndpoint points there), but a balancer's
@@ -306,10 +316,13 @@ class KubeadmCluster(pulumi.ComponentResource):
             rerun_with=[attempt],
         )
         self.refreshes[node.name] = refresh
-        files: Callable[..., dict[str, str]]  # as refresh_files
+        files: Callable[..., dict[str, str]]  # (token, key, encryption key) for a control plane, (token) for a worker
         if node.role is Role.CONTROL_PLANE:
-            files = lambda token, key: k8s_rendering.control_plane_join_files(lab, node, token, key)  # noqa: E731
-            secrets = [token, certificate_key]
+            files = lambda token, key, encryption: k8s_rendering.control_plane_join_files(  # noqa: E731
+                lab, node, token, key, encryption
+            )
+            # The Secrets' key too: this node's API server must read what the others encrypted.
+            secrets = [token, certificate_key, self.encryption_key]
             entrypoint = k8s_rendering.CONTROL_PLANE_JOIN_ENTRYPOINT
         else:
             files = lambda token: k8s_rendering.worker_join_files(lab, node, token)  # noqa: E731

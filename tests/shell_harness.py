@@ -38,6 +38,8 @@ STANDIN = Path(__file__).with_name("kube_standin.py")
 
 TEST_TOKEN = "abcdef.0123456789abcdef"
 TEST_CERTIFICATE_KEY = "0f" * 32
+# 32 bytes in base64, as the program renders the Secrets' encryption key (k8s.encryption_key_from_hex).
+TEST_ENCRYPTION_KEY = "c2VjcmV0Ym94LWtleS1vZi1sYWJzLWs4cy10ZXN0cyE="
 
 
 # Real tools the scripts may use. Everything else must be a stand-in.

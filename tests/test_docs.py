@@ -379,6 +379,7 @@ NOT_DRAWN = {
     "bootstrap-token-id",
     "bootstrap-token-secret",
     "certificate-key",
+    "secrets-encryption-key",
     "vrrp-password",
     "step-trigger-key",
     "control-plane-host-key-seed",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -25,7 +26,15 @@ from components.config import LabConfig, Node, Role
 from components.rendering import k8s
 from tests.labs import make_lab_config, make_lab_config_with
 from tests.requirements import require_tool, unavailable
-from tests.shell_harness import STANDIN, TEST_CERTIFICATE_KEY, TEST_TOKEN, ClusterLab, ShellHarness, modes
+from tests.shell_harness import (
+    STANDIN,
+    TEST_CERTIFICATE_KEY,
+    TEST_ENCRYPTION_KEY,
+    TEST_TOKEN,
+    ClusterLab,
+    ShellHarness,
+    modes,
+)
 
 KUBELET_PEM = "/var/lib/kubelet/pki/kubelet-client-current.pem"  # the kubelet's certificate store
 
@@ -129,7 +138,7 @@ class Scenario:
     # -------------------------------------------------------------- the steps, as cluster.py wires them
     def init(self) -> subprocess.CompletedProcess[str]:
         h = self.h(self.first.name)
-        h.install_step(k8s.init_files(self.cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY))
+        h.install_step(k8s.init_files(self.cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY))
         return h.run(k8s.INIT_ENTRYPOINT)
 
     def refresh(self, joining: str) -> subprocess.CompletedProcess[str]:
@@ -143,7 +152,10 @@ class Scenario:
         node = self.node(name)
         h = self.h(name)
         if node.role is Role.CONTROL_PLANE:
-            h.install_step(k8s.control_plane_join_files(self.cfg, node, self.join_token(name), TEST_CERTIFICATE_KEY))
+            token = self.join_token(name)
+            h.install_step(
+                k8s.control_plane_join_files(self.cfg, node, token, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY)
+            )
             return h.run(k8s.CONTROL_PLANE_JOIN_ENTRYPOINT, ca_hash)
         h.install_step(k8s.worker_join_files(self.cfg, node, self.join_token(name)))
         return h.run(k8s.WORKER_JOIN_ENTRYPOINT, ca_hash)
@@ -648,6 +660,61 @@ def test_refresh_prints_the_ca_hash_and_keeps_secrets_out_of_its_logs(up: Scenar
     assert result.stdout == spki_sha256(ca) + "\n"
     assert cluster.calls_matching("kubeadm", "init", "phase", "upload-certs", "--skip-certificate-key-print")
     no_secrets(result.stdout, result.stderr, *(p.read_text() for p in cluster.step.glob("*.log")))
+
+
+# ------------------------------------------------------------------ Secrets at rest and the audit log (issue 50)
+
+ENCRYPTION_CONFIG = "etc/kubernetes/encryption/config.yaml"
+AUDIT_POLICY = "etc/kubernetes/audit/policy.yaml"
+AUDIT_LOG_DIR = "var/log/kubernetes/audit"
+
+
+def test_init_installs_the_encryption_config_root_only_before_kubeadm_starts_an_api_server(lab: Scenario) -> None:
+    m01 = lab.h("labs-k8s-m01")
+    result = ok(lab.init())
+    assert (m01.root / ENCRYPTION_CONFIG).read_text() == k8s.render_encryption_config(TEST_ENCRYPTION_KEY)
+    assert (m01.root / AUDIT_POLICY).read_text() == k8s.audit_policy()
+    assert modes(m01.root / ENCRYPTION_CONFIG) == modes(m01.root / AUDIT_POLICY) == 0o600
+    for directory in (ENCRYPTION_CONFIG.rsplit("/", 1)[0], AUDIT_POLICY.rsplit("/", 1)[0], AUDIT_LOG_DIR):
+        assert modes(m01.root / directory) == 0o700, directory
+    stderr = result.stderr
+    assert stderr.index(f"wrote /{ENCRYPTION_CONFIG}") < stderr.index("kubeadm init for labs-k8s-m01")
+    # The key never leaves the file: not on stdout or stderr, not in kubeadm's logs.
+    for text in (result.stdout, stderr, *(p.read_text() for p in m01.step.glob("*.log"))):
+        assert TEST_ENCRYPTION_KEY not in text
+
+
+def test_every_control_plane_holds_the_same_encryption_config_and_a_rerun_rewrites_nothing(up: Scenario) -> None:
+    """Each control plane's join installs the stack's configuration (the joining API server reads
+    what the others encrypted); workers get none; init and the joins again leave every file as it was."""
+    expected = k8s.render_encryption_config(TEST_ENCRYPTION_KEY)
+    for node in up.cfg.kubernetes_nodes:
+        path = up.h(node.name).root / ENCRYPTION_CONFIG
+        if node.role is Role.CONTROL_PLANE:
+            assert path.read_text() == expected and modes(path) == 0o600, node.name
+        else:
+            assert not path.exists() and not (up.h(node.name).root / AUDIT_POLICY).exists(), node.name
+    planes = [up.h(node.name) for node in up.cfg.control_planes]
+    before = {(h.node, f): os.stat(h.root / f) for h in planes for f in (ENCRYPTION_CONFIG, AUDIT_POLICY)}
+    outputs = [ok(up.init()).stderr] + [ok(up.refresh_and_join(node.name)).stderr for node in up.cfg.control_planes]
+    assert not [line for text in outputs for line in text.splitlines() if "wrote /etc/kubernetes/" in line]
+    after = {(h.node, f): os.stat(h.root / f) for h in planes for f in (ENCRYPTION_CONFIG, AUDIT_POLICY)}
+    assert {k: (s.st_ino, s.st_mtime_ns) for k, s in after.items()} == {
+        k: (s.st_ino, s.st_mtime_ns) for k, s in before.items()
+    }
+
+
+def test_a_control_plane_holding_another_encryption_key_is_refused_not_overwritten(up: Scenario) -> None:
+    """The API server would lose every Secret written under the old key at its next start: the
+    join refuses to replace it (there is no key rotation yet) and says so, without a key in the text."""
+    m02 = up.h("labs-k8s-m02")
+    other = k8s.render_encryption_config(base64.b64encode(b"another-key-another-key-another!").decode())
+    (m02.root / ENCRYPTION_CONFIG).write_text(other)
+    result = failed(up.refresh_and_join("labs-k8s-m02"))
+    assert "holds another encryption key than the stack's secrets-encryption-key" in result.stderr
+    assert (m02.root / ENCRYPTION_CONFIG).read_text() == other
+    assert not m02.calls_matching("kubeadm", "join")
+    assert TEST_ENCRYPTION_KEY not in result.stdout + result.stderr
 
 
 # ------------------------------------------------------------------ control planes come and go

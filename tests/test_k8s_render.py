@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -15,7 +16,7 @@ import yaml
 from components.rendering import k8s, step_bundle
 from tests.labs import make_lab_config
 from tests.requirements import require_tool
-from tests.shell_harness import TEST_CERTIFICATE_KEY, TEST_TOKEN
+from tests.shell_harness import TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY, TEST_TOKEN
 
 # ------------------------------------------------------------------ kubeadm API field lists
 # From the kubeadm configuration API reference (kubeadm-config.v1beta3 / v1beta4), i.e. the
@@ -336,6 +337,111 @@ def test_pod_and_service_cidrs_come_from_the_config() -> None:
     }
 
 
+# ------------------------------------------------------------------ Secrets at rest and the audit log (issue 50)
+
+AT_REST_FLAGS = {
+    "encryption-provider-config": "/etc/kubernetes/encryption/config.yaml",
+    "audit-policy-file": "/etc/kubernetes/audit/policy.yaml",
+    "audit-log-path": "/var/log/kubernetes/audit/audit.log",
+    "audit-log-maxage": "30",
+    "audit-log-maxbackup": "5",
+    "audit-log-maxsize": "100",
+}
+
+
+@pytest.mark.parametrize("version", ["1.30.4", "1.36.0"])
+def test_the_api_server_encrypts_secrets_and_keeps_a_rotated_audit_log(version: str) -> None:
+    """kube-apiserver gets the encryption configuration and the audit flags (v1beta3 map or v1beta4
+    list), with each file's directory mounted into its static pod: the configurations read-only."""
+    cfg = make_lab_config(kubernetes={"version": version})
+    for worker_refresh in (TEST_CERTIFICATE_KEY, None):
+        api_server = check_documents(k8s.render_init_config(cfg, TEST_TOKEN, worker_refresh))["ClusterConfiguration"][
+            "apiServer"
+        ]
+        extra = api_server["extraArgs"]
+        args = extra if isinstance(extra, dict) else {arg["name"]: arg["value"] for arg in extra}
+        assert args == AT_REST_FLAGS
+        mounts = {v["hostPath"]: v for v in api_server["extraVolumes"]}
+        for path, writable in (
+            ("/etc/kubernetes/encryption", False),
+            ("/etc/kubernetes/audit", False),
+            ("/var/log/kubernetes/audit", True),
+        ):
+            assert mounts[path]["mountPath"] == path
+            assert mounts[path]["readOnly"] is not writable, path
+        assert mounts["/etc/kubernetes/encryption"]["pathType"] == "Directory"  # the step wrote it first
+
+
+def test_the_encryption_configuration_is_secretbox_with_identity_last() -> None:
+    config = yaml.safe_load(k8s.render_encryption_config(TEST_ENCRYPTION_KEY))
+    assert (config["apiVersion"], config["kind"]) == ("apiserver.config.k8s.io/v1", "EncryptionConfiguration")
+    (resource,) = config["resources"]
+    assert resource["resources"] == ["secrets"]
+    first, last = resource["providers"]
+    assert first == {"secretbox": {"keys": [{"name": "labs-k8s-1", "secret": TEST_ENCRYPTION_KEY}]}}
+    assert last == {"identity": {}}  # reads what was written before encryption was on, writes nothing
+
+
+def test_the_encryption_key_is_the_random_ids_32_bytes_in_base64() -> None:
+    hex_key = bytes(range(32)).hex()
+    assert k8s.encryption_key_from_hex(hex_key) == base64.b64encode(bytes(range(32))).decode()
+    for bad in ("ab" * 31, "zz" * 32, ""):
+        with pytest.raises(ValueError) as error:
+            k8s.encryption_key_from_hex(bad)
+        assert not bad or bad not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "key", ["c2VjcmV0", base64.b64encode(b"x" * 31).decode(), base64.b64encode(b"x" * 33).decode(), ""]
+)
+def test_malformed_encryption_keys_are_refused_without_echoing_them(key: str) -> None:
+    cfg = make_lab_config()
+    with pytest.raises(ValueError) as error:
+        k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, key)
+    assert "32 bytes in standard base64" in str(error.value)
+    if key:
+        assert key not in str(error.value)
+
+
+def test_the_audit_policy_logs_metadata_and_never_a_body() -> None:
+    """No rule above Metadata: no request or response body, so no Secret's value, reaches the log; a
+    Secret's access is always logged (its rule is first); the rest at Metadata, but noisy system reads."""
+    policy = yaml.safe_load(k8s.audit_policy())
+    assert (policy["apiVersion"], policy["kind"]) == ("audit.k8s.io/v1", "Policy")
+    assert policy["omitStages"] == ["RequestReceived"]
+    rules = policy["rules"]
+    assert {rule["level"] for rule in rules} == {"None", "Metadata"}
+    first = rules[0]
+    assert first["level"] == "Metadata" and "verbs" not in first and "users" not in first
+    assert {"group": "", "resources": ["secrets", "configmaps", "serviceaccounts/token"]} in first["resources"]
+    assert rules[-1] == {"level": "Metadata"}  # everything else
+    quiet = [rule for rule in rules if rule["level"] == "None"]
+    for rule in quiet:  # only reads, lease renewals, probes and events go unlogged
+        assert set(rule.get("verbs", ["get"])) <= {"get", "list", "watch", "update"}, rule
+        if "update" in rule.get("verbs", []):
+            assert rule["resources"] == [{"group": "coordination.k8s.io", "resources": ["leases"]}], rule
+
+
+def test_the_encryption_key_sits_only_in_the_encryption_config_of_init_and_the_control_plane_joins() -> None:
+    maps = all_file_maps()
+    for step, (files, _) in maps.items():
+        holding = sorted(name for name, text in files.items() if TEST_ENCRYPTION_KEY in text)
+        carries = step in ("init", "join-first-cp", "join-cp")
+        assert holding == ([k8s.ENCRYPTION_CONFIG_FILE] if carries else []), step
+        if carries:
+            assert files[k8s.ENCRYPTION_CONFIG_FILE] == k8s.render_encryption_config(TEST_ENCRYPTION_KEY)
+            assert files[k8s.AUDIT_POLICY_FILE] == k8s.audit_policy()
+            assert k8s.CONTROL_PLANE_FILES_LIB in files
+            params = sourced(files[k8s.PARAMS_FILE])
+            assert params["ENCRYPTION_CONFIG"] == AT_REST_FLAGS["encryption-provider-config"]
+            assert params["AUDIT_POLICY"] == AT_REST_FLAGS["audit-policy-file"]
+            assert params["AUDIT_LOG_DIR"] == "/var/log/kubernetes/audit"
+    # The step removes it when it ends, like the kubeadm files (step_bundle secret_files).
+    files, entrypoint = maps["join-cp"]
+    bundle = step_bundle("k8s-join", files, entrypoint, secret_files=[k8s.ENCRYPTION_CONFIG_FILE, k8s.JOIN_CONFIG_FILE])
+    assert f"/var/lib/labs-k8s/steps/k8s-join/{k8s.ENCRYPTION_CONFIG_FILE}" in bundle.split("\ntrap ", 1)[1]
+
+
 def test_control_plane_join_has_its_own_endpoint_and_the_certificate_key() -> None:
     cfg = make_lab_config()
     m03 = cfg.control_planes[2]
@@ -385,7 +491,7 @@ def test_join_renders_refuse_the_wrong_node() -> None:
 def test_malformed_tokens_are_refused_without_echoing_them(token: str) -> None:
     cfg = make_lab_config()
     with pytest.raises(ValueError) as error:
-        k8s.init_files(cfg, token, TEST_CERTIFICATE_KEY)
+        k8s.init_files(cfg, token, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY)
     assert "[a-z0-9]{6}" in str(error.value)
     if token:
         assert token not in str(error.value)
@@ -395,7 +501,7 @@ def test_malformed_tokens_are_refused_without_echoing_them(token: str) -> None:
 def test_malformed_certificate_keys_are_refused_without_echoing_them(key: str) -> None:
     cfg = make_lab_config()
     with pytest.raises(ValueError) as error:
-        k8s.control_plane_join_files(cfg, cfg.control_planes[1], TEST_TOKEN, key)
+        k8s.control_plane_join_files(cfg, cfg.control_planes[1], TEST_TOKEN, key, TEST_ENCRYPTION_KEY)
     assert "64 lowercase hex" in str(error.value)
     if key:
         assert key not in str(error.value)
@@ -453,17 +559,21 @@ def all_file_maps() -> dict[str, tuple[dict[str, str], str]]:
     return {
         "prepare-cp": (k8s.prepare_files(cfg, cfg.control_planes[1]), k8s.PREPARE_ENTRYPOINT),
         "prepare-worker": (k8s.prepare_files(cfg, cfg.workers[0]), k8s.PREPARE_ENTRYPOINT),
-        "init": (k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY), k8s.INIT_ENTRYPOINT),
+        "init": (k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY), k8s.INIT_ENTRYPOINT),
         "refresh": (
             k8s.refresh_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, cfg.control_planes[1]),
             k8s.REFRESH_ENTRYPOINT,
         ),
         "join-first-cp": (
-            k8s.control_plane_join_files(cfg, cfg.control_planes[0], TEST_TOKEN, TEST_CERTIFICATE_KEY),
+            k8s.control_plane_join_files(
+                cfg, cfg.control_planes[0], TEST_TOKEN, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY
+            ),
             k8s.CONTROL_PLANE_JOIN_ENTRYPOINT,
         ),
         "join-cp": (
-            k8s.control_plane_join_files(cfg, cfg.control_planes[1], TEST_TOKEN, TEST_CERTIFICATE_KEY),
+            k8s.control_plane_join_files(
+                cfg, cfg.control_planes[1], TEST_TOKEN, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY
+            ),
             k8s.CONTROL_PLANE_JOIN_ENTRYPOINT,
         ),
         "join-worker": (k8s.worker_join_files(cfg, cfg.workers[0], TEST_TOKEN), k8s.WORKER_JOIN_ENTRYPOINT),
@@ -649,7 +759,7 @@ def test_leave_refresh_and_prepare_refuse_what_they_do_not_handle() -> None:
     )
     refresh = sourced(k8s.refresh_files(cfg, TEST_TOKEN, None, cfg.workers[0])[k8s.PARAMS_FILE])
     assert (refresh["JOINING_NODE"], refresh["JOINING_ROLE"]) == ("labs-k8s-w01", "worker")
-    init = sourced(k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY)[k8s.PARAMS_FILE])
+    init = sourced(k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY)[k8s.PARAMS_FILE])
     assert init["BALANCER_STEPS"] == "labs-k8s-lb01-lb-setup labs-k8s-lb02-lb-setup"
 
 

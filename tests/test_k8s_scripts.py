@@ -23,7 +23,7 @@ from components.config import LabConfig
 from components.rendering import CLOUDINIT_DIR, k8s, step_bundle
 from tests.labs import make_lab_config
 from tests.requirements import require_tool, unavailable
-from tests.shell_harness import TEST_CERTIFICATE_KEY, TEST_TOKEN, ShellHarness, modes
+from tests.shell_harness import TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY, TEST_TOKEN, ShellHarness, modes
 
 K8S_DIR = CLOUDINIT_DIR / "k8s"
 SCRIPTS = sorted(K8S_DIR.glob("*.sh"))
@@ -87,7 +87,9 @@ def test_shellcheck_is_clean(script: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "script", [p for p in SCRIPTS if p.name not in (k8s.LIB_FILE, k8s.UPGRADE_LIB_FILE)], ids=lambda path: path.name
+    "script",
+    [p for p in SCRIPTS if p.name not in (k8s.LIB_FILE, k8s.UPGRADE_LIB_FILE, k8s.CONTROL_PLANE_FILES_LIB)],
+    ids=lambda path: path.name,
 )
 def test_scripts_are_strict_and_source_the_library(script: Path) -> None:
     text = script.read_text()
@@ -101,7 +103,9 @@ def test_every_bundle_is_valid_bash(cfg: LabConfig) -> None:
     require_tool("bash")
     bundles = [
         step_bundle("k8s-prepare", k8s.prepare_files(cfg, cfg.workers[0]), k8s.PREPARE_ENTRYPOINT),
-        step_bundle("k8s-init", k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY), k8s.INIT_ENTRYPOINT),
+        step_bundle(
+            "k8s-init", k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY), k8s.INIT_ENTRYPOINT
+        ),
         step_bundle(
             "k8s-join",
             k8s.worker_join_files(cfg, cfg.workers[0], TEST_TOKEN),

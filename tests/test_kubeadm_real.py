@@ -38,7 +38,7 @@ from components.tools.offline import REPO_ROOT
 from tests import kubeadm_real
 from tests.labs import make_lab_config, make_lab_config_with
 from tests.requirements import require_root, require_tool
-from tests.shell_harness import STANDIN, TEST_CERTIFICATE_KEY, TEST_TOKEN, ClusterLab, ShellHarness
+from tests.shell_harness import STANDIN, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY, TEST_TOKEN, ClusterLab, ShellHarness
 
 VIP = "10.3.60.100"
 # What refresh-join-material.sh prints and the join scripts put in place of the placeholder.
@@ -335,6 +335,15 @@ def test_kubeadm_init_dry_run_writes_what_our_config_asks_for(lab_name: str, min
     assert apiserver["advertise-address"] == str(first.ip)
     assert apiserver["secure-port"] == "6443"
     assert apiserver["service-cluster-ip-range"] == "10.96.0.0/12"
+    # Secrets encrypted at rest and the audit log (issue 50): the flags, and each file's directory mounted.
+    assert {name: apiserver.get(name) for name, _ in k8s.api_server_extra_args()} == dict(k8s.api_server_extra_args())
+    pod = result.manifest("kube-apiserver")["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    for volume in k8s.api_server_extra_volumes():
+        (host,) = [v["hostPath"] for v in pod["volumes"] if v["name"] == volume.name]
+        assert host == {"path": volume.host_path, "type": volume.path_type}, volume
+        assert mounts[volume.name]["mountPath"] == volume.mount_path
+        assert mounts[volume.name].get("readOnly", False) is volume.read_only, volume
     controller_manager = result.flags("kube-controller-manager")
     assert controller_manager["allocate-node-cidrs"] == "true"
     assert controller_manager["cluster-cidr"] == "10.244.0.0/16"  # Flannel's Network (kube-flannel.yml)
@@ -561,7 +570,7 @@ def test_the_stand_in_kubeadm_refuses_a_config_the_real_one_refuses(tmp_path: Pa
     kubeadm's words before the model runs a phase; the rendered one goes through."""
     kubeadm_real.bin_dir()
     cfg = make_lab_config()
-    files = k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY)
+    files = k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY)
     broken = dict(files, **{k8s.INIT_CONFIG_FILE: _unknown_field(files[k8s.INIT_CONFIG_FILE])})
     harness = _first_control_plane(tmp_path / "broken", cfg)
     harness.install_step(broken)
@@ -601,7 +610,7 @@ def test_the_stand_in_writes_the_kubeconfigs_the_real_kubeadm_writes(tmp_path: P
     super-admin.conf, the node's own for the kubelet, controller manager and scheduler."""
     cfg = make_lab_config()
     harness = _first_control_plane(tmp_path, cfg)
-    harness.install_step(k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY))
+    harness.install_step(k8s.init_files(cfg, TEST_TOKEN, TEST_CERTIFICATE_KEY, TEST_ENCRYPTION_KEY))
     done = harness.run(k8s.INIT_ENTRYPOINT)
     assert done.returncode == 0, done.stderr
     real = dry_run("default", kubeadm_real.minor_of(cfg.kubernetes.version))

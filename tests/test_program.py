@@ -777,6 +777,10 @@ def _secret_values(run) -> dict[str, str]:
         for name in ("bootstrap-token-id", "bootstrap-token-secret", "vrrp-password")
     }
     out["certificate-key"] = run.by_name("certificate-key").plain_outputs["hex"]
+    # As the EncryptionConfiguration holds it: the RandomId's 32 bytes in base64.
+    out["secrets-encryption-key"] = k8s.encryption_key_from_hex(
+        run.by_name("secrets-encryption-key").plain_outputs["hex"]
+    )
     for reg in run.registrations.values():
         if reg.name.endswith("-join-token"):
             out[reg.name] = k8s.drawn_token(reg.plain_outputs["result"])
@@ -1029,6 +1033,29 @@ def test_the_certificate_key_goes_only_to_steps_that_upload_or_fetch_certificate
         key = secrets[name]
         having = {r.name for r in offline_run.of_type(COMMAND) if key in _bundle_texts(r.plain_inputs["stdin"])}
         assert having == steps, name
+
+
+def test_the_secrets_encryption_key_goes_only_to_init_and_the_control_planes_joins(offline_run):
+    """Issue 50: kube-apiserver encrypts Secrets in etcd with one stack key, generated once and kept
+    as a secret in the state; it reaches a control plane only in the stdin of init and of its join
+    (in encryption-config.yaml, removed from the step directory when the step ends), never a
+    worker, a refresh, argv, a trigger or a log."""
+    key = offline_run.by_name("secrets-encryption-key")
+    assert key.type == "random:index/randomId:RandomId" and key.plain_inputs["byteLength"] == 32
+    assert "keepers" not in key.plain_inputs  # never replaced by a change elsewhere
+    assert set(key.additional_secret_outputs) == {"hex", "b64Std", "b64Url", "dec"}
+    value = _secret_values(offline_run)["secrets-encryption-key"]
+    having = {}
+    for reg in offline_run.of_type(COMMAND):
+        stdin = reg.plain_inputs["stdin"]
+        if value in _bundle_texts(stdin):
+            having[reg.name] = reg
+            assert [n for n, text in bundle_files(stdin).items() if value in text] == ["encryption-config.yaml"]
+            assert "stdin" in reg.secret_input_keys and reg.plain_inputs["logging"] == "none", reg.name
+            assert "/encryption-config.yaml" in stdin.split("\ntrap ", 1)[1].splitlines()[0], reg.name
+        for field in ("create", "delete", "triggers"):
+            assert value not in str(reg.plain_inputs.get(field, "")), (reg.name, field)
+    assert set(having) == {"labs-k8s-m01-kubeadm-init", *(f"labs-k8s-m0{i}-kubeadm-join" for i in (1, 2, 3))}
 
 
 def test_a_preview_runs_without_the_ssh_private_key_and_keeps_the_recorded_connections(monkeypatch):

@@ -8,6 +8,7 @@ worker is reached over Flannel's VXLAN, and the steps run again change nothing."
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -35,6 +36,10 @@ ETCDCTL = (
 # What the kubelet sets at start (k8s.io/kubernetes pkg/kubelet/cm/container_manager_linux.go).
 KUBELET_SET = {"vm.overcommit_memory": "1", "vm.panic_on_oom": "0", "kernel.panic": "10", "kernel.panic_on_oops": "1"}
 CERTIFICATE_KEY = "0f" * 32
+# The Secrets' encryption key, as the program renders the stack's (32 bytes, base64).
+ENCRYPTION_KEY = base64.b64encode(b"labs-k8s real-node secretbox key").decode()
+# A Secret written through m01's API server and read back through m02's (issue 50).
+AT_REST_SECRET, AT_REST_VALUE = "labs-k8s-at-rest", "plain-text-that-etcd-must-not-hold"
 # A TCP connect to port 80 of a pause container: nothing listens, so its kernel answers with a reset.
 CONNECT = """
 import socket, sys
@@ -123,7 +128,7 @@ def converge(run: Run, into: dict[str, CompletedProcess[str]], refresh: bool) ->
     if any(done.returncode for done in into.values()):
         return False
     into["init"] = first.step(
-        "init", k8s_rendering.init_files(cfg, TOKEN, CERTIFICATE_KEY), k8s_rendering.INIT_ENTRYPOINT
+        "init", k8s_rendering.init_files(cfg, TOKEN, CERTIFICATE_KEY, ENCRYPTION_KEY), k8s_rendering.INIT_ENTRYPOINT
     )
     if into["init"].returncode:
         return False
@@ -138,7 +143,7 @@ def converge(run: Run, into: dict[str, CompletedProcess[str]], refresh: bool) ->
                 return False
             run.facts[f"{name} ca_cert_hash"] = done.stdout.strip().splitlines()[-1]
         if control_plane:
-            files = k8s_rendering.control_plane_join_files(cfg, joining.node, TOKEN, CERTIFICATE_KEY)
+            files = k8s_rendering.control_plane_join_files(cfg, joining.node, TOKEN, CERTIFICATE_KEY, ENCRYPTION_KEY)
             entrypoint = k8s_rendering.CONTROL_PLANE_JOIN_ENTRYPOINT
         else:
             files = k8s_rendering.worker_join_files(cfg, joining.node, TOKEN)
@@ -175,6 +180,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 node, "-n", "kube-system", "exec", f"etcd-{CONTROL_PLANE}", "--", "etcdctl", *ETCDCTL, "member", "list",
                 "-w", "json",
             )  # fmt: skip
+            result.facts["at_rest"] = secrets_at_rest(result)
             result.facts["pids_before"], result.facts["restarts_before"] = main_pids(lab), restarts(node)
             converge(result, result.again, refresh=False)
             result.facts["pids_after"], result.facts["restarts_after"] = main_pids(lab), restarts(node)
@@ -202,6 +208,57 @@ def pod_across_hosts(run: Run) -> dict[str, str]:
     deleted = kubectl(node, "delete", "pod", "probe", "--wait=true")
     assert deleted.returncode == 0, deleted.stderr
     return {"ip": ip, "route": route, "reached": reached.stdout.strip() + reached.stderr}
+
+
+def secrets_at_rest(run: Run) -> dict[str, Any]:
+    """A Secret created through m01's own API server, its value as etcd holds it (etcdctl in m01's
+    etcd pod), the same Secret read through m02's API server, each control plane's files and modes,
+    and the audit events both API servers logged for it."""
+    m01, m02 = run.control_plane, run.lab.nodes[JOINING_CONTROL_PLANE]
+    server = {node.node.name: f"--server=https://{node.node.ip}:{k8s_rendering.API_PORT}" for node in (m01, m02)}
+    created = kubectl(
+        m01,
+        server[CONTROL_PLANE],
+        "create",
+        "secret",
+        "generic",
+        AT_REST_SECRET,
+        f"--from-literal=value={AT_REST_VALUE}",
+    )
+    assert created.returncode == 0, created.stderr
+    stored = kubectl(
+        m01, "-n", "kube-system", "exec", f"etcd-{CONTROL_PLANE}", "--", "etcdctl", *ETCDCTL, "get",
+        f"/registry/secrets/default/{AT_REST_SECRET}", "-w", "json",
+    )  # fmt: skip
+    assert stored.returncode == 0, stored.stderr
+    (kv,) = json.loads(stored.stdout)["kvs"]
+    read = kubectl(m02, server[JOINING_CONTROL_PLANE], "get", "secret", AT_REST_SECRET, "-o", "jsonpath={.data.value}")
+    facts: dict[str, Any] = {
+        "etcd_value": base64.b64decode(kv["value"]),
+        "read_through_m02": base64.b64decode(read.stdout).decode() if read.returncode == 0 else read.stderr,
+    }
+    paths = (
+        k8s_rendering.ENCRYPTION_CONFIG_PATH, k8s_rendering.ENCRYPTION_CONFIG_PATH.rsplit("/", 1)[0],
+        k8s_rendering.AUDIT_POLICY_PATH, k8s_rendering.AUDIT_LOG_PATH, k8s_rendering.AUDIT_LOG_PATH.rsplit("/", 1)[0],
+    )  # fmt: skip
+    for node in (m01, m02):
+        name = node.node.name
+        facts[f"{name} modes"] = node.host.run("stat", "-c", "%n %a %U", *paths).stdout.splitlines()
+        facts[f"{name} config"] = node.host.run("cat", k8s_rendering.ENCRYPTION_CONFIG_PATH).stdout
+        manifest = node.host.run("cat", "/etc/kubernetes/manifests/kube-apiserver.yaml").stdout
+        facts[f"{name} flags"] = [line.strip() for line in manifest.splitlines() if "- --encryption" in line]
+        log = node.host.run("cat", k8s_rendering.AUDIT_LOG_PATH).stdout
+        events = [json.loads(line) for line in log.splitlines() if line.strip()]
+        facts[f"{name} audit"] = {
+            "events": len(events),
+            "holds_value": AT_REST_VALUE in log or ENCRYPTION_KEY in log,
+            "secret": [
+                {key: event.get(key) for key in ("verb", "level", "stage", "requestObject", "responseObject")}
+                for event in events
+                if (event.get("objectRef") or {}).get("name") == AT_REST_SECRET
+            ],
+        }
+    return facts
 
 
 def output(done: CompletedProcess[str]) -> str:
@@ -248,6 +305,8 @@ def test_the_steps_run_again_change_nothing(run: Run) -> None:
     for name in NODES:
         assert "installing" not in output(run.again[f"{name} prepare"]), output(run.again[f"{name} prepare"])
     assert "kubeadm init for" not in output(run.again["init"]), output(run.again["init"])
+    for name in ("init", f"{JOINING_CONTROL_PLANE} join"):  # the same files: not rewritten
+        assert "wrote /etc/kubernetes/" not in output(run.again[name]), output(run.again[name])
     assert run.facts["pids_after"] == run.facts["pids_before"]
     assert run.facts["restarts_after"] == run.facts["restarts_before"]
 
@@ -274,3 +333,39 @@ def test_the_joined_control_plane_is_a_second_voting_etcd_member(run: Run) -> No
     members = json.loads(listed.stdout)["members"]
     assert sorted(m["name"] for m in members) == [CONTROL_PLANE, JOINING_CONTROL_PLANE], members
     assert not [m for m in members if m.get("isLearner")], members
+
+
+def test_a_secret_read_straight_from_etcd_is_encrypted_and_the_joined_control_plane_reads_it(run: Run) -> None:
+    """Issue 50: kube-apiserver encrypts Secrets with the stack's key (secretbox) before etcd stores
+    them; the control plane that joined has the same key (its API server decrypts what m01's wrote);
+    the configuration is root-only on both."""
+    at_rest = run.facts.get("at_rest")
+    assert at_rest is not None, f"the steps did not finish: {sorted(run.steps)}"
+    stored = at_rest["etcd_value"]
+    assert stored.startswith(b"k8s:enc:secretbox:v1:labs-k8s-1:"), stored[:40]
+    assert AT_REST_VALUE.encode() not in stored
+    assert at_rest["read_through_m02"] == AT_REST_VALUE
+    expected = k8s_rendering.render_encryption_config(ENCRYPTION_KEY)
+    for name in (CONTROL_PLANE, JOINING_CONTROL_PLANE):
+        assert at_rest[f"{name} config"] == expected, name
+        assert at_rest[f"{name} flags"] == [f"- --encryption-provider-config={k8s_rendering.ENCRYPTION_CONFIG_PATH}"]
+        assert at_rest[f"{name} modes"] == [
+            f"{k8s_rendering.ENCRYPTION_CONFIG_PATH} 600 root",
+            "/etc/kubernetes/encryption 700 root",
+            f"{k8s_rendering.AUDIT_POLICY_PATH} 600 root",
+            f"{k8s_rendering.AUDIT_LOG_PATH} 600 root",
+            "/var/log/kubernetes/audit 700 root",
+        ], name
+
+
+def test_each_api_server_keeps_an_audit_log_of_metadata_without_the_secrets_value(run: Run) -> None:
+    """m01's log holds the Secret's create, m02's its read: at Metadata, with no request or response
+    body, and neither the Secret's value nor the key anywhere in either log."""
+    at_rest = run.facts.get("at_rest")
+    assert at_rest is not None, f"the steps did not finish: {sorted(run.steps)}"
+    for name, verb in ((CONTROL_PLANE, "create"), (JOINING_CONTROL_PLANE, "get")):
+        audit = at_rest[f"{name} audit"]
+        assert audit["events"] > 0 and not audit["holds_value"], (name, audit)
+        expected = {"verb": verb, "level": "Metadata", "stage": "ResponseComplete"}
+        assert {**expected, "requestObject": None, "responseObject": None} in audit["secret"], (name, audit["secret"])
+        assert {event["level"] for event in audit["secret"]} == {"Metadata"}, audit["secret"]

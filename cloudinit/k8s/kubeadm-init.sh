@@ -14,12 +14,15 @@
 # HAProxy and exactly one balancer must hold it.
 #
 # Parameters (params.env): NODE_NAME, VIP, API_PORT, API_WAIT_SECONDS, TOKEN_ID, BALANCER_STEPS
-# (array). The bundle carries kubeadm-init.yaml (root-only: bootstrap token and certificate key).
+# (array), and control-plane-files.sh's. The bundle carries kubeadm-init.yaml (root-only: bootstrap
+# token and certificate key) and encryption-config.yaml (root-only: the Secrets' encryption key).
 # stdout: "initialized", "already-initialized" or "cluster-exists".
 set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$HERE/lib.sh"
+# shellcheck source-path=SCRIPTDIR source=control-plane-files.sh
+. "$HERE/control-plane-files.sh"
 require_root
 load_params "$HERE"
 : "${NODE_NAME:?}" "${VIP:?}" "${API_PORT:?}" "${API_WAIT_SECONDS:?}" "${TOKEN_ID:?}"
@@ -27,6 +30,8 @@ load_params "$HERE"
 CONFIG=$HERE/kubeadm-init.yaml
 [[ -s $CONFIG ]] || die "the kubeadm configuration ${CONFIG##*/} is missing from the bundle"
 PHASES_RUN=()
+# Before any phase can start an API server: its manifest names both files (ClusterConfiguration).
+install_control_plane_files
 
 # phase NAME [ARGS...]: run one idempotent init phase with the rendered configuration.
 phase() {

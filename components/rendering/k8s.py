@@ -32,7 +32,8 @@ Upgrades (a change of labs-k8s:kubernetes.version), node by node in the order of
                            "<node> already at vX.Y.Z" | "<node> left cordoned"
 
 Secrets (bootstrap token, certificate key) appear only inside the kubeadm YAML files of a
-bundle, which the bundle writes root-only (0600); never in params.env, never on a command line.
+bundle, the Secrets' encryption key only in encryption-config.yaml of init's and the control-plane
+joins' bundles; the bundle writes them root-only (0600); never in params.env, never on a command line.
 """
 
 from __future__ import annotations
@@ -83,6 +84,25 @@ REGISTRY_MIRROR_CA_FILE = "registry-mirror-ca.crt"
 INIT_CONFIG_FILE = "kubeadm-init.yaml"
 JOIN_CONFIG_FILE = "kubeadm-join.yaml"
 FLANNEL_MANIFEST_FILE = "kube-flannel.yml"
+# Beside kubeadm-init.sh and join-control-plane.sh: what they install for kube-apiserver.
+CONTROL_PLANE_FILES_LIB = "control-plane-files.sh"
+ENCRYPTION_CONFIG_FILE = "encryption-config.yaml"
+AUDIT_POLICY_FILE = "audit-policy.yaml"
+
+# Secrets at rest (docs/cluster.md): kube-apiserver encrypts Secrets with the stack's key before
+# etcd stores them. secretbox (XSalsa20-Poly1305): authenticated, no nonce limit to count (aesgcm's),
+# no padding oracle (aescbc's); a KMS would need a service this lab does not have.
+ENCRYPTION_PROVIDER = "secretbox"
+ENCRYPTION_KEY_NAME = "labs-k8s-1"
+ENCRYPTION_KEY_BYTES = 32
+# On each control plane, root-only; mounted into the kube-apiserver static pod (extraVolumes).
+ENCRYPTION_CONFIG_PATH = "/etc/kubernetes/encryption/config.yaml"
+AUDIT_POLICY_PATH = "/etc/kubernetes/audit/policy.yaml"
+AUDIT_LOG_PATH = "/var/log/kubernetes/audit/audit.log"
+# The audit log's rotation: at most (1 + backups) x size on the OS disk (600 MB of 20 GiB).
+AUDIT_LOG_MAX_AGE_DAYS = 30
+AUDIT_LOG_MAX_BACKUPS = 5
+AUDIT_LOG_MAX_SIZE_MB = 100
 
 # The join scripts replace this with the CA cert hash they receive as their argument.
 CA_CERT_HASH_PLACEHOLDER = "LABS_K8S_CA_CERT_HASH"
@@ -137,6 +157,7 @@ _SCRIPTS = (
     UPGRADE_WORKER_ENTRYPOINT,
     UPGRADE_DRAIN_ENTRYPOINT,
 )
+_SECRETBOX_KEY = re.compile(r"^[A-Za-z0-9+/]{43}=$")
 
 
 # ------------------------------------------------------------------ validation
@@ -160,6 +181,28 @@ def validate_certificate_key(certificate_key: str) -> str:
             "`kubeadm certs certificate-key` prints); generate it with pulumi_random (RandomId byte_length=32, hex)"
         )
     return certificate_key
+
+
+def validate_encryption_key(key: str) -> str:
+    """The Secrets' encryption key: 32 bytes, standard base64 (EncryptionConfiguration's secretbox
+    `secret`). The message never repeats the value."""
+    if not isinstance(key, str) or not _SECRETBOX_KEY.match(key):
+        raise ValueError(
+            "the secrets encryption key must be 32 bytes in standard base64 (44 characters); "
+            "generate it with pulumi_random (RandomId byte_length=32) and encryption_key_from_hex"
+        )
+    return key
+
+
+def encryption_key_from_hex(hex_key: str) -> str:
+    """A RandomId's `hex` (32 bytes) as the base64 an EncryptionConfiguration takes."""
+    try:
+        raw = bytes.fromhex(hex_key)
+    except ValueError:
+        raw = b""
+    if len(raw) != ENCRYPTION_KEY_BYTES:
+        raise ValueError(f"the secrets encryption key must be {ENCRYPTION_KEY_BYTES} bytes as hex")
+    return validate_encryption_key(base64.b64encode(raw).decode())
 
 
 def validate_ca_cert_hash(ca_cert_hash: str) -> str:
@@ -244,6 +287,58 @@ def _common_context(cfg: LabConfig) -> dict[str, object]:
 # ------------------------------------------------------------------ kubeadm documents
 
 
+@dataclass(frozen=True)
+class HostPathMount:
+    """One of kube-apiserver's extraVolumes (kubeadm HostPathMount)."""
+
+    name: str
+    host_path: str
+    mount_path: str
+    read_only: bool
+    path_type: Literal["Directory", "DirectoryOrCreate"]
+
+
+def _directory(path: str) -> str:
+    return path.rsplit("/", 1)[0]
+
+
+def api_server_extra_args() -> list[tuple[str, str]]:
+    """kube-apiserver flags beyond kubeadm's: Secrets encrypted at rest, the audit log and its rotation."""
+    return [
+        ("encryption-provider-config", ENCRYPTION_CONFIG_PATH),
+        ("audit-policy-file", AUDIT_POLICY_PATH),
+        ("audit-log-path", AUDIT_LOG_PATH),
+        ("audit-log-maxage", str(AUDIT_LOG_MAX_AGE_DAYS)),
+        ("audit-log-maxbackup", str(AUDIT_LOG_MAX_BACKUPS)),
+        ("audit-log-maxsize", str(AUDIT_LOG_MAX_SIZE_MB)),
+    ]
+
+
+def api_server_extra_volumes() -> list[HostPathMount]:
+    """The directories of those files in the static pod: the two configurations read-only (they
+    must exist: the steps write them first), the audit log's directory writable."""
+    encryption, policy, logs = (_directory(p) for p in (ENCRYPTION_CONFIG_PATH, AUDIT_POLICY_PATH, AUDIT_LOG_PATH))
+    return [
+        HostPathMount("labs-k8s-encryption", encryption, encryption, True, "Directory"),
+        HostPathMount("labs-k8s-audit-policy", policy, policy, True, "Directory"),
+        HostPathMount("labs-k8s-audit-log", logs, logs, False, "DirectoryOrCreate"),
+    ]
+
+
+def render_encryption_config(key: str) -> str:
+    """The EncryptionConfiguration every control plane's kube-apiserver reads (it holds the key)."""
+    return render_template(
+        f"{_K8S_DIR}/{ENCRYPTION_CONFIG_FILE}.j2",
+        provider=ENCRYPTION_PROVIDER,
+        key_name=ENCRYPTION_KEY_NAME,
+        key=validate_encryption_key(key),
+    )
+
+
+def audit_policy() -> str:
+    return read_file(f"{_K8S_DIR}/{AUDIT_POLICY_FILE}")
+
+
 def render_init_config(cfg: LabConfig, token: str, certificate_key: str | None) -> str:
     """InitConfiguration + ClusterConfiguration + KubeletConfiguration for the first control plane.
     `certificate_key=None` leaves it out: a worker's refresh uploads no certificates."""
@@ -259,6 +354,8 @@ def render_init_config(cfg: LabConfig, token: str, certificate_key: str | None) 
         pod_cidr=str(cfg.kubernetes.pod_cidr),
         service_cidr=str(cfg.kubernetes.service_cidr),
         cert_sans=api_server_cert_sans(cfg),
+        api_server_args=api_server_extra_args(),
+        api_server_volumes=api_server_extra_volumes(),
     )
 
 
@@ -395,8 +492,27 @@ def balancer_step_names(cfg: LabConfig) -> list[str]:
     return [f"{node.name}-lb-setup" for node in cfg.balancers]
 
 
-def init_files(cfg: LabConfig, token: str, certificate_key: str) -> dict[str, str]:
-    """kubeadm-init.sh on the first control plane, with its kubeadm configuration (secret)."""
+def _control_plane_files_params() -> dict[str, ParamValue]:
+    return {
+        "ENCRYPTION_CONFIG": ENCRYPTION_CONFIG_PATH,
+        "AUDIT_POLICY": AUDIT_POLICY_PATH,
+        "AUDIT_LOG_DIR": _directory(AUDIT_LOG_PATH),
+    }
+
+
+def _with_control_plane_files(files: dict[str, str], encryption_key: str) -> dict[str, str]:
+    """What init and a control plane's join install before kubeadm starts an API server."""
+    return {
+        **files,
+        CONTROL_PLANE_FILES_LIB: read_file(f"{_K8S_DIR}/{CONTROL_PLANE_FILES_LIB}"),
+        ENCRYPTION_CONFIG_FILE: render_encryption_config(encryption_key),
+        AUDIT_POLICY_FILE: audit_policy(),
+    }
+
+
+def init_files(cfg: LabConfig, token: str, certificate_key: str, encryption_key: str) -> dict[str, str]:
+    """kubeadm-init.sh on the first control plane, with its kubeadm configuration (secret) and the
+    Secrets' EncryptionConfiguration (secret)."""
     files = _script_files(
         INIT_ENTRYPOINT,
         {
@@ -404,10 +520,11 @@ def init_files(cfg: LabConfig, token: str, certificate_key: str) -> dict[str, st
             **_api_params(cfg),
             "TOKEN_ID": token_id(token),
             "BALANCER_STEPS": balancer_step_names(cfg),
+            **_control_plane_files_params(),
         },
     )
     files[INIT_CONFIG_FILE] = render_init_config(cfg, token, certificate_key)
-    return files
+    return _with_control_plane_files(files, encryption_key)
 
 
 def refresh_files(cfg: LabConfig, token: str, certificate_key: str | None, joining: Node) -> dict[str, str]:
@@ -440,11 +557,14 @@ def _join_params(cfg: LabConfig, node: Node) -> dict[str, ParamValue]:
     return {"NODE_NAME": node.name, "NODE_IP": _ip(node.ip), **_api_params(cfg)}
 
 
-def control_plane_join_files(cfg: LabConfig, node: Node, token: str, certificate_key: str) -> dict[str, str]:
-    """join-control-plane.sh for every control plane; run it with the CA cert hash as its one argument."""
-    files = _script_files(CONTROL_PLANE_JOIN_ENTRYPOINT, _join_params(cfg, node))
+def control_plane_join_files(
+    cfg: LabConfig, node: Node, token: str, certificate_key: str, encryption_key: str
+) -> dict[str, str]:
+    """join-control-plane.sh for every control plane; run it with the CA cert hash as its one argument.
+    It carries the Secrets' EncryptionConfiguration: the joining API server must read what the others wrote."""
+    files = _script_files(CONTROL_PLANE_JOIN_ENTRYPOINT, {**_join_params(cfg, node), **_control_plane_files_params()})
     files[JOIN_CONFIG_FILE] = render_control_plane_join_config(cfg, node, token, certificate_key)
-    return files
+    return _with_control_plane_files(files, encryption_key)
 
 
 def worker_join_files(cfg: LabConfig, node: Node, token: str) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Every file the program pushes to a machine, per host, for the offline `render` command.
 
-Secrets generated at `pulumi up` time (bootstrap token, certificate key, VRRP password) do not
-exist offline; these files carry clearly marked placeholders in their place (PLACEHOLDERS).
+Secrets generated at `pulumi up` time (bootstrap token, certificate key, VRRP password, the
+Secrets' encryption key) do not exist offline; these files carry clearly marked placeholders in
+their place (PLACEHOLDERS).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ PLACEHOLDERS = {
     "certificate key": "0" * 64,
     "VRRP password": "RENDERPH",
     "kubeconfig transport key": "1" * 64,
+    "secrets encryption key": "A" * 43 + "=",
     "CA certificate hash": "sha256:" + "0" * 64,
 }
 # What `diff` shows as [secret]. The CA certificate hash is public: every joining node is given it.
@@ -29,6 +31,7 @@ def host_artifacts(lab: LabConfig) -> dict[str, dict[str, str]]:
     """{folder: {relative path: text}}: one folder per host, plus the template's install media."""
     token = PLACEHOLDERS["bootstrap token"]
     certificate_key = PLACEHOLDERS["certificate key"]
+    encryption_key = PLACEHOLDERS["secrets encryption key"]
     ca_hash = PLACEHOLDERS["CA certificate hash"]
     first = k8s.first_control_plane(lab)
     out: dict[str, dict[str, str]] = {TEMPLATE_FOLDER: template_rendering.template_files(lab)}
@@ -45,7 +48,7 @@ def host_artifacts(lab: LabConfig) -> dict[str, dict[str, str]]:
     for host in lab.kubernetes_nodes:
         out[host.name].update({f"steps/prepare/{k}": v for k, v in k8s.prepare_files(lab, host).items()})
     out[first.name].update(
-        {f"steps/kubeadm-init/{k}": v for k, v in k8s.init_files(lab, token, certificate_key).items()}
+        {f"steps/kubeadm-init/{k}": v for k, v in k8s.init_files(lab, token, certificate_key, encryption_key).items()}
     )
     cluster: dict[str, str] = {}
     out[CLUSTER_FOLDER] = cluster
@@ -59,7 +62,7 @@ def host_artifacts(lab: LabConfig) -> dict[str, dict[str, str]]:
         cluster.update({f"steps/{host.name}-refresh-join-material/{k}": v for k, v in refresh.items()})
         cluster.update({f"steps/{host.name}-leave-cluster/{k}": v for k, v in k8s.leave_files(host).items()})
         if host.role is Role.CONTROL_PLANE:
-            files = k8s.control_plane_join_files(lab, host, token, certificate_key)
+            files = k8s.control_plane_join_files(lab, host, token, certificate_key, encryption_key)
         else:
             files = k8s.worker_join_files(lab, host, token)
         out[host.name].update({f"steps/kubeadm-join/{k}": v for k, v in files.items()})
