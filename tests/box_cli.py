@@ -32,6 +32,8 @@ import urllib.parse
 from pathlib import Path
 from typing import NamedTuple
 
+from tests import installed_toolchain
+
 REPO = Path(__file__).resolve().parents[1]
 BOX_ROOT = REPO / ".box"
 UP_TIMEOUT_S = 3600
@@ -74,9 +76,17 @@ def third_party_problem(repo: Path, environ: dict[str, str]) -> str | None:
     for place in (environ.get("LABS_K8S_THIRD_PARTY", ""), str(repo.parent / "shared" / "third_party")):
         if place and (Path(place) / "MANIFEST.json").is_file():
             return None
+    # A Pulumi installed at exactly the pinned versions needs no snapshot (nothing is compiled).
+    manifest = json.loads((REPO / "tests" / "tools" / "toolchain" / "manifest.json").read_text())
+    installed, why = installed_toolchain.find(manifest, environ)
+    if installed is not None:
+        return None
+    cli, _, plugins = installed_toolchain.pins(manifest)
+    named = ", ".join(f"{name} {version}" for name, version in plugins.items())
     return (f"needs the provider plugins' source snapshots (MANIFEST.json and the archives) in "
-            f"{repo.parent / 'shared' / 'third_party'} or the directory LABS_K8S_THIRD_PARTY names "
-            f'(README, "Try it without a vCenter")')  # fmt: skip
+            f"{repo.parent / 'shared' / 'third_party'} or the directory LABS_K8S_THIRD_PARTY names, or Pulumi "
+            f"{cli} installed with the resource plugins {named} (here: {why}; "
+            f'README, "Try it without a vCenter")')  # fmt: skip
 
 
 def problems() -> list[str]:

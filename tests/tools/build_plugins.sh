@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the plugins the Go module proxy refuses (pulumi-resource-vsphere, -random, -command and the
-# Python language host) from the public source snapshots in ../shared/third_party, and print the
+# Build the plugins the Go module proxy here refuses (pulumi-resource-vsphere, -random, -command and
+# the Python language host) from the public source snapshots in ../shared/third_party, and print the
 # directory holding them on stdout (progress goes to stderr). Sourced by nothing: build_toolchain.sh
 # runs it after the CLI and links its outputs next to the CLI.
 #
@@ -10,6 +10,8 @@
 # repository; the key is a digest of the recipe, the manifest entry (archives included) and the Go
 # version, so a warm run rebuilds nothing. Everything else comes from the Go module proxy, verified
 # by each provider module's own go.sum (a `replace` line only for the modules the proxy refuses).
+# Where an archive is missing (a user's machine has no ../shared), the same module at the same commit
+# comes from the Go module proxy instead (`go_module` in the manifest; `module_from_proxy`).
 #
 # Usage: build_plugins.sh NAME...   (manifest names: pulumi-resource-vsphere, ...). Builds of
 # other keys, or of names not asked for, are removed: build_toolchain.sh always asks for all.
@@ -36,9 +38,8 @@ third_party() {
             return 0
         fi
     done
-    log "no third_party snapshots: set LABS_K8S_THIRD_PARTY to the directory holding MANIFEST.json" \
-        "and the archives (tried \$LABS_K8S_THIRD_PARTY and $REPO/../shared/third_party)"
-    return 1
+    log "no third_party snapshots (\$LABS_K8S_THIRD_PARTY, $REPO/../shared/third_party): each module" \
+        "from the Go module proxy where it serves one"
 }
 TP=$(third_party)
 
@@ -46,10 +47,10 @@ entry() { jq -c --arg name "$1" '.binaries[] | select(.name == $name)' "$MANIFES
 field() { jq -r --arg f "$2" '.[$f] // ""' <<<"$1"; }
 
 # checked_archive FILE SHA256: the archive's path once its sha256 is what we pin and what the
-# snapshot's manifest says.
+# snapshot's manifest says; without the archive, one made from the Go module proxy's copy.
 checked_archive() {
     local file=$1 pinned=$2 listed actual
-    [[ -f $TP/$file ]] || { log "$TP/$file is missing (our manifest pins it at sha256 $pinned)"; return 1; }
+    [[ -n $TP && -f $TP/$file ]] || { module_from_proxy "$file"; return; }
     listed=$(jq -r --arg file "$file" '.[] | select(.file == $file) | .sha256' "$TP/MANIFEST.json")
     actual=$(sha256sum "$TP/$file" | cut -d' ' -f1)
     if [[ $actual != "$pinned" || $listed != "$pinned" ]]; then
@@ -58,6 +59,44 @@ checked_archive() {
         return 1
     fi
     printf '%s\n' "$TP/$file"
+}
+
+# module_from_proxy FILE: the archive's module at the same commit from the Go module proxy, as a
+# tarball laid out as the archive is (its root at `module_dir`), so the recipes build it unchanged.
+# Checked by the checksum database (a module no go.sum of ours lists: the tree `go get` gives anyone)
+# and, where a provider's go.sum names it, by that sum too. One line naming what to do otherwise.
+module_from_proxy() {
+    local file=$1 archive module dir sum json error out fix built
+    archive=$(jq -c --arg f "$file" '[.binaries[].archives[]? | select(.file == $f)][0]' "$MANIFEST")
+    built=$(jq -r --arg f "$file" '[.binaries[] | select(any(.archives[]?; .file == $f))][0] | "\(.module) \(.version)"' "$MANIFEST")
+    module=$(field "$archive" go_module)
+    fix="put $file (sha256 $(field "$archive" sha256)) in \$LABS_K8S_THIRD_PARTY, or install Pulumi and the released plugins (README, \"Try it without a vCenter\")"
+    if [[ -z $module ]]; then
+        log "$built: $file is not in ${TP:-a third_party directory}, and $(field "$archive" no_module): $fix"
+        return 1
+    fi
+    if [[ $("$go" env GOSUMDB) == off ]]; then
+        log "$module: no archive, and GOSUMDB=off leaves the proxy's copy unchecked: $fix"
+        return 1
+    fi
+    # No exemption from the checksum database for these modules, whatever the machine's settings.
+    json=$(cd / && GOFLAGS='' GONOSUMDB='' GONOSUMCHECK='' GOPRIVATE='' "$go" mod download -json "$module" 2>/dev/null) || true
+    error="no answer"
+    [[ -z $json ]] || error=$(jq -r '.Error // ""' <<<"$json" | head -n1)
+    sum=$(field "$archive" go_sum)
+    if [[ -n $error ]]; then
+        log "${module/@/ }: no archive, and the Go module proxy did not serve it ($error): $fix"
+        return 1
+    elif [[ -n $sum && $(jq -r .Sum <<<"$json") != "$sum" ]]; then
+        log "${module/@/ }: the proxy's copy has $(jq -r .Sum <<<"$json"), the providers' go.sum $sum: $fix"
+        return 1
+    fi
+    dir=$(field "$archive" module_dir)
+    out="$CACHE/.proxy/$file"
+    mkdir -p "$CACHE/.proxy"
+    tar -czf "$out" -C "$(jq -r .Dir <<<"$json")" --transform "s,^\.,./${dir#.},;s,//,/," --mode=u+w .
+    log "${module/@/ }: no archive; from the Go module proxy ($(jq -r .Sum <<<"$json"), checked by $("$go" env GOSUMDB)${sum:+ and go.sum})"
+    printf '%s\n' "$out"
 }
 
 # unpack ENTRY ARCHIVE_NAME DEST: extract the named archive of the entry into DEST.
@@ -165,7 +204,9 @@ for name in "$@"; do
     binary=$(field "$spec" binary)
     if [[ -x $dir/bin/$binary && -f $dir/.complete ]]; then
         # Every warm run still checks the archives: a changed snapshot is not silently ignored.
+        # (Built from the proxy where an archive is missing: nothing to check again.)
         while read -r archive; do
+            [[ -n $TP && -f $TP/$(jq -r .file <<<"$archive") ]] || continue
             checked_archive "$(jq -r .file <<<"$archive")" "$(jq -r .sha256 <<<"$archive")" >/dev/null
         done < <(jq -c '.archives[]' <<<"$spec")
         log "$name $version: cached ($dir)"
@@ -181,7 +222,8 @@ for name in "$@"; do
     touch "$dir/.complete"
     log "$name $version: built in $((SECONDS - start_s))s"
 done
-# Builds of other keys (older pins) are never used again.
+# Builds of other keys (older pins) are never used again, nor the tarballs made from the proxy's copies.
+rm -rf "$CACHE/.proxy"
 for dir in "$CACHE"/*; do
     [[ -d $dir ]] || continue
     [[ " ${keep[*]} " == *" $(basename "$dir") "* ]] || rm -rf "$dir"
