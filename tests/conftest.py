@@ -57,9 +57,12 @@ def run_with() -> Callable[..., OfflineRun]:
 # scenario once either way. A scheduler of our own, not `--dist loadgroup`: xdist 3.8 groups by
 # rewriting `item._nodeid`, which pytest 9 no longer reads (Node.nodeid is `_id`), so its groups
 # were silently ignored and both workers ran the box.
-# tests/test_box_cli.py runs `make box` itself: in the box's worker, after test_lab_box, so that the
-# suite never has two boxes up at once on two cores.
-BOX_MODULES = ("tests/test_lab_box.py::", "tests/test_lab_box_real.py::", "tests/test_box_cli.py::")
+# tests/test_box_cli.py runs `make box` itself, and tests/test_real_node.py a cluster of the real
+# programs: in the box's worker, one after the other, so that the suite never has two boxes or two
+# clusters up at once on two cores (beside the real box, m02's etcd learner missed kubeadm's wait).
+BOX_MODULES = (
+    "tests/test_lab_box.py::", "tests/test_lab_box_real.py::", "tests/test_real_node.py::", "tests/test_box_cli.py::",
+)  # fmt: skip
 
 
 class BoxBesideTheSuite(LoadScopeScheduling):
